@@ -1,0 +1,36 @@
+# Two set-up commands for a fresh machine: `make demo` and `make test`. Each creates .venv when missing,
+# installs what it needs (a stamp file makes the second run quick), then runs.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+export PYTHONUNBUFFERED := 1
+
+.PHONY: demo test install install-test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.stamp-core: setup.py | $(BIN)/python
+	$(BIN)/pip install -q -e ".[serve]"
+	touch $@
+
+$(VENV)/.stamp-test: setup.py $(VENV)/.stamp-core
+	$(BIN)/pip install -q -e ".[test,serve]"
+	touch $@
+
+install: $(VENV)/.stamp-core
+install-test: $(VENV)/.stamp-test
+
+demo: install
+	$(BIN)/mpa demo --config configs/tiny.py
+
+test: install-test
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+
+bench: install-test
+	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,1 @@
+"""Kernels: Pallas kernels and their pure-jnp references. Imports jax."""

@@ -1,0 +1,1 @@
+"""One module per `mpa` sub-command; each defines `add_arguments(parser)` and `run(args, config) -> int`."""

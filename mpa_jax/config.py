@@ -1,0 +1,122 @@
+"""Loading `configs/<name>.py` experiment configs and applying `--config.a.b=value` overrides."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+from typing import Any, Sequence
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names it."""
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+    """Import `path` and return its `get_config()`."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    spec = importlib.util.spec_from_file_location(f"_mpa_config_{abs(hash(path))}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"config file {path} has no get_config()")
+    config = module.get_config()
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"get_config() in {path} must return an ml_collections.ConfigDict")
+    return config
+
+
+def _parse_value(key: str, text: str, current: Any) -> Any:
+    """Parse `text` to the type of the field's current value, as ml_collections config flags do."""
+    if isinstance(current, bool):
+        low = text.lower()
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"override --config.{key}: expected a bool, got {text!r}")
+    if isinstance(current, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"override --config.{key}: expected an int, got {text!r}") from None
+    if isinstance(current, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"override --config.{key}: expected a float, got {text!r}") from None
+    if isinstance(current, str):
+        return text
+    if isinstance(current, (tuple, list)):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise ConfigError(f"override --config.{key}: expected a {type(current).__name__}, got {text!r}") from None
+        if not isinstance(value, (tuple, list)):
+            raise ConfigError(f"override --config.{key}: expected a {type(current).__name__}, got {text!r}")
+        return type(current)(value)
+    if current is None:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+    raise ConfigError(f"override --config.{key}: cannot override a field of type {type(current).__name__}")
+
+
+def apply_override(config: ml_collections.ConfigDict, key: str, text: str) -> None:
+    """Set `config.<key>` from the string `text`, keeping the field's type; unknown keys raise."""
+    parts = key.split(".")
+    node: Any = config
+    for i, part in enumerate(parts[:-1]):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ConfigError(f"unknown config key: {'.'.join(parts[: i + 1])}")
+        node = node[part]
+    leaf = parts[-1]
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+        raise ConfigError(f"unknown config key: {key}")
+    if isinstance(node[leaf], ml_collections.ConfigDict):
+        raise ConfigError(f"config key {key} is a section; override one of its fields")
+    value = _parse_value(key, text, node[leaf])
+    try:
+        node[leaf] = value
+    except TypeError as e:
+        raise ConfigError(f"override --config.{key}: {e}") from None
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Separate `--config.a.b=v` / `--config.a.b v` overrides from the other arguments."""
+    rest: list[str] = []
+    overrides: list[tuple[str, str]] = []
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--config."):
+            body = arg[len("--config."):]
+            if "=" in body:
+                key, value = body.split("=", 1)
+            else:
+                if i + 1 >= len(argv):
+                    raise ConfigError(f"override {arg} has no value")
+                key, value = body, argv[i + 1]
+                i += 1
+            overrides.append((key, value))
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, overrides
+
+
+def save_config(config: ml_collections.ConfigDict, workdir: str) -> str:
+    """Write the resolved config into the run directory as JSON (and a readable .txt)."""
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "config.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config.to_dict(), f, indent=2, sort_keys=True, default=str)
+    with open(os.path.join(workdir, "config.txt"), "w", encoding="utf-8") as f:
+        f.write(str(config))
+    return path

@@ -1,0 +1,59 @@
+"""Packaging for MPA-JAX.
+
+`kernels/`, `envs/` and `harness/` are mapped into the `mpa_jax` namespace: their bare names are
+taken on PyPI (SGLang even depends on `kernels`), so they must never become top-level imports.
+"""
+from setuptools import setup
+
+CORE = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "tensorstore==0.1.86",
+    "ml-collections==1.1.0",
+    "numpy>=2.0",
+    "safetensors>=0.6",
+    "tokenizers>=0.22",
+    "jinja2>=3.1",
+    "rich>=13",
+    "tensorboardX>=2.6",
+    "httpx>=0.28",
+]
+
+setup(
+    name="mpa-jax",
+    version="0.1.0",
+    description="JAX/Flax training stack for mobile planner agents (SFT, CARE RL, harness).",
+    python_requires=">=3.11",
+    packages=[
+        "mpa_jax",
+        "mpa_jax.commands",
+        "mpa_jax.kernels",
+        "mpa_jax.envs",
+        "mpa_jax.harness",
+    ],
+    package_dir={
+        "mpa_jax": "mpa_jax",
+        "mpa_jax.kernels": "kernels",
+        "mpa_jax.envs": "envs",
+        "mpa_jax.harness": "harness",
+    },
+    package_data={"mpa_jax.envs": ["data/*.json"]},
+    install_requires=CORE,
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.6",
+            "hypothesis>=6.100",
+            "transformers==5.24.0",
+            "torch==2.13.0",
+        ],
+        "serve": ["fastapi>=0.115", "uvicorn>=0.30"],
+        "cuda": ["jax[cuda12]==0.10.2"],
+        "tpu": ["jax[tpu]==0.10.2"],
+        "adb": ["adbutils>=2.8"],
+    },
+    entry_points={"console_scripts": ["mpa=mpa_jax.cli:main"]},
+)
