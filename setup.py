@@ -3,7 +3,16 @@
 `kernels/`, `envs/` and `harness/` are mapped into the `mpa_jax` namespace: their bare names are
 taken on PyPI (SGLang even depends on `kernels`), so they must never become top-level imports.
 """
-from setuptools import setup
+from setuptools import find_packages, setup
+
+
+def _packages() -> list[str]:
+    """`mpa_jax.*` from its own folder, plus the three folders mapped into its namespace."""
+    pkgs = ["mpa_jax"] + [f"mpa_jax.{p}" for p in find_packages("mpa_jax")]
+    for folder in ("kernels", "envs", "harness"):
+        pkgs += [f"mpa_jax.{folder}"] + [f"mpa_jax.{folder}.{p}" for p in find_packages(folder)]
+    return pkgs
+
 
 CORE = [
     "jax==0.10.2",
@@ -27,13 +36,7 @@ setup(
     version="0.1.0",
     description="JAX/Flax training stack for mobile planner agents (SFT, CARE RL, harness).",
     python_requires=">=3.11",
-    packages=[
-        "mpa_jax",
-        "mpa_jax.commands",
-        "mpa_jax.kernels",
-        "mpa_jax.envs",
-        "mpa_jax.harness",
-    ],
+    packages=_packages(),
     package_dir={
         "mpa_jax": "mpa_jax",
         "mpa_jax.kernels": "kernels",
