@@ -1,0 +1,52 @@
+"""Rollout: sampler engines, the multi-turn agent loop, the SGLang client and `mpa serve`.
+
+Public API::
+
+    from mpa_jax import rollout
+    rollout.SamplingParams(max_new_tokens, temperature, top_p, top_k, stop_token_ids, seed)
+    rollout.RolloutEngine                      # protocol: generate(prompts, params, seeds) -> [GenerateResult],
+                                               #           update_weights(params_or_hf_dir, version), weight_version
+    rollout.JaxEngine(cfg, params, mesh=None, rules=None, max_batch=16)   # embedded sampler (imports jax)
+    rollout.JaxEngine.from_pretrained(hf_dir)
+    rollout.SGLangEngine(base_url, ...)        # SGLang 0.5.x native-API client (also talks to `mpa serve`)
+    rollout.hf_exporter(cfg, tokenizer_dir)    # exporter= for SGLangEngine.update_weights(params, version)
+    rollout.AgentLoopConfig(...); rollout.run_episodes(engine, tokenizer, tasks, env_factory, cfg) -> [Trajectory]
+    rollout.make_engine(config, checkpoint=None, workdir=None) -> engine   # from the `c.rollout` config
+    rollout.run_rollouts(config, engine_or_checkpoint, tasks=None, out_path=None, ...) -> summary dict
+    rollout.summarize(trajectories) -> summary dict (success by domain and category)
+    rollout.format_comparison({"untrained": s0, "sft": s1}) -> str   # side-by-side success table
+    rollout.create_app(engine, tokenizer) / rollout.ServerThread(app)    # HTTP server (FastAPI)
+    rollout.sglang_launch_command(hf_dir, ...)  # `python -m sglang.launch_server ...` argv
+
+Importing this package does not import jax; `JaxEngine`, `make_engine` and `run_rollouts` load it
+on first use.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from mpa_jax.rollout.types import EngineError, GenerateResult, RolloutEngine, SamplingParams  # noqa: F401
+
+_LAZY = {
+    "JaxEngine": "mpa_jax.rollout.jax_engine",
+    "SGLangEngine": "mpa_jax.rollout.sglang",
+    "hf_exporter": "mpa_jax.rollout.sglang",
+    "format_comparison": "mpa_jax.rollout.run",
+    "AgentLoopConfig": "mpa_jax.rollout.agent_loop",
+    "run_episodes": "mpa_jax.rollout.agent_loop",
+    "summarize": "mpa_jax.rollout.agent_loop",
+    "make_engine": "mpa_jax.rollout.run",
+    "run_rollouts": "mpa_jax.rollout.run",
+    "create_app": "mpa_jax.rollout.server",
+    "ServerThread": "mpa_jax.rollout.server",
+    "sglang_launch_command": "mpa_jax.rollout.launch",
+}
+
+__all__ = ["EngineError", "GenerateResult", "RolloutEngine", "SamplingParams", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mpa_jax.rollout' has no attribute {name!r}")

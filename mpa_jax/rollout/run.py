@@ -1,0 +1,216 @@
+"""Config-driven entry points: build an engine from `config.rollout`, run the agent loop over a split.
+
+    engine = make_engine(config, checkpoint=None)          # None: the config's model, randomly initialised
+    summary = run_rollouts(config, engine_or_checkpoint, tasks=None, out_path="runs/x/rollouts.jsonl")
+
+`run_rollouts` writes the Trajectories (one JSON per line) to `out_path` and the summary (success
+overall, by domain and by category, infra failures, costs) to `<out_path without .jsonl>.summary.json`,
+and returns the summary dict. `mpa rollout` and the demo call it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Sequence
+
+from mpa_jax.envs.contract import Task, write_jsonl
+from mpa_jax.rollout.agent_loop import AgentLoopConfig, run_episodes, summarize
+from mpa_jax.rollout.types import RolloutEngine
+
+
+class RolloutSetupError(ValueError):
+    """A checkpoint, tokenizer or config does not fit the rollout; the message names it."""
+
+
+def _is_hf_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json"))
+
+
+def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None) -> RolloutEngine:
+    """The engine `config.rollout.engine` names ("jax" or "sglang").
+
+    jax: `checkpoint` is an exported HF directory, or None for the config's model with random weights
+    (seed `config.seed`; the untrained baseline). With `config.rollout.sharded`, parameters are placed
+    on the mesh of `config.mesh`. sglang: a client for `config.rollout.sglang_url`; a `checkpoint`
+    is loaded on the server through `/update_weights_from_disk`.
+    """
+    kind = str(config.rollout.engine)
+    if checkpoint is not None and not os.path.isdir(checkpoint):
+        raise RolloutSetupError(f"checkpoint {checkpoint} is not a directory")
+    if checkpoint is not None and not _is_hf_dir(checkpoint):
+        raise RolloutSetupError(
+            f"checkpoint {checkpoint} is not an exported Hugging Face directory (no config.json); run `mpa export` on it first"
+        )
+    if kind == "sglang":
+        from mpa_jax.rollout.sglang import SGLangEngine
+
+        engine = SGLangEngine(str(config.rollout.sglang_url), request_batch=int(config.rollout.batch_size))
+        if checkpoint is not None:
+            engine.update_weights(os.path.abspath(checkpoint), os.path.basename(os.path.normpath(checkpoint)))
+        return engine
+    if kind != "jax":
+        raise RolloutSetupError(f"config.rollout.engine must be 'jax' or 'sglang', got {kind!r}")
+    import jax
+
+    from mpa_jax import models
+    from mpa_jax.rollout.jax_engine import JaxEngine
+
+    rules = None
+    if mesh is None and bool(config.rollout.get("sharded", False)):
+        from mpa_jax import sharding
+
+        mesh = sharding.make_mesh(config.mesh)
+        rules = sharding.rules_from_config(config)
+    max_batch = int(config.rollout.batch_size)
+    if checkpoint is not None:
+        try:
+            return JaxEngine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), mesh=mesh, rules=rules, max_batch=max_batch)
+        except ValueError as e:  # hf_io.CheckpointError and config errors name the file or tensor
+            raise RolloutSetupError(f"cannot load checkpoint {checkpoint}: {e}") from None
+    cfg = models.config_from_ml(config.model)
+    params = models.init_params(cfg, jax.random.key(int(config.seed)), mesh=mesh, rules=rules)
+    return JaxEngine(cfg, params, mesh=mesh, rules=rules, max_batch=max_batch, weight_version="init")
+
+
+def load_rollout_tokenizer(config: Any, checkpoint: str | None, workdir: str | None) -> Any:
+    """The checkpoint's own tokenizer when it carries one, else the config's (`tokenizer_for_config`)."""
+    from mpa_jax import tokenizer as tk
+
+    if checkpoint is not None and tk.is_tokenizer_dir(checkpoint):
+        return tk.load_tokenizer(checkpoint)
+    return tk.tokenizer_for_config(config, workdir or os.path.join("runs", str(config.get("name", "run"))))
+
+
+def _load_tasks(config: Any, split: str | None, max_tasks: int | None) -> list[Task]:
+    from mpa_jax.envs import load_tasks
+
+    tasks = load_tasks(split or str(config.rollout.split))
+    n = int(config.rollout.max_tasks) if max_tasks is None else int(max_tasks)
+    return list(tasks[:n]) if n > 0 else list(tasks)
+
+
+def run_rollouts(
+    config: Any,
+    engine_or_checkpoint: RolloutEngine | str | None = None,
+    tasks: Sequence[Task] | None = None,
+    out_path: str | None = None,
+    *,
+    workdir: str | None = None,
+    tokenizer: Any = None,
+    split: str | None = None,
+    max_tasks: int | None = None,
+    greedy: bool | None = None,
+    seed: int | None = None,
+    label: str = "",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run the agent loop over `tasks` (default: `config.rollout.split`, first `max_tasks`) and summarise.
+
+    `engine_or_checkpoint`: an engine, an exported HF checkpoint directory, or None (the config's
+    model, untrained). `greedy` (default `config.rollout.greedy_eval`) samples at temperature 0.
+    Returns the summary dict (see `summarize`) plus `out_path`, `summary_path`, `weight_version`,
+    `label`, `wall_s`.
+    """
+    checkpoint = engine_or_checkpoint if isinstance(engine_or_checkpoint, (str, os.PathLike)) else None
+    if checkpoint is not None:
+        checkpoint = os.fspath(checkpoint)
+    engine = engine_or_checkpoint if checkpoint is None and engine_or_checkpoint is not None else make_engine(config, checkpoint)
+    if tokenizer is None:
+        tokenizer = load_rollout_tokenizer(config, checkpoint, workdir)
+    model_cfg = getattr(engine, "cfg", None)
+    vocab = getattr(model_cfg, "vocab_size", None)
+    if vocab is not None and tokenizer.vocab_size > vocab:
+        raise RolloutSetupError(
+            f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {vocab}; they must come from the same run"
+        )
+    max_pos = getattr(model_cfg, "max_position_embeddings", None)
+    if max_pos is not None and int(config.rollout.max_total_tokens) > max_pos:
+        raise RolloutSetupError(
+            f"config.rollout.max_total_tokens ({config.rollout.max_total_tokens}) exceeds the model's"
+            f" max_position_embeddings ({max_pos})"
+        )
+    task_list = list(tasks) if tasks is not None else _load_tasks(config, split, max_tasks)
+    if not task_list:
+        raise RolloutSetupError("no tasks to roll out")
+    greedy = bool(config.rollout.greedy_eval) if greedy is None else bool(greedy)
+    loop_cfg = AgentLoopConfig.from_config(
+        config.rollout, seed=int(config.seed if seed is None else seed), greedy=greedy,
+        planner=label or (os.path.basename(os.path.normpath(checkpoint)) if checkpoint else "policy"),
+    )
+    from mpa_jax.envs import make_env
+
+    t0 = time.perf_counter()
+    trajectories = _run_with_progress(engine, tokenizer, task_list, make_env, loop_cfg, progress, label)
+    wall = time.perf_counter() - t0
+    summary = summarize(trajectories)
+    summary.update(label=label, weight_version=str(engine.weight_version), wall_s=wall, greedy=greedy)
+    if out_path is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        write_jsonl(out_path, trajectories)
+        base = out_path[:-6] if out_path.endswith(".jsonl") else out_path
+        summary_path = base + ".summary.json"
+        summary.update(out_path=out_path, summary_path=summary_path)
+        with open(summary_path, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+    return summary
+
+
+def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env: Any, cfg: AgentLoopConfig, progress: bool, label: str) -> list:
+    factory = lambda: make_env(cfg.env_kind)  # noqa: E731
+    if not progress:
+        return run_episodes(engine, tokenizer, tasks, factory, cfg)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]rollout[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("success {task.fields[succ]}"), TimeElapsedColumn(), transient=False) as bar:
+        job = bar.add_task(label or "episodes", total=len(tasks), succ=0)
+        done = {"succ": 0}
+
+        def on_done(traj: Any) -> None:
+            if traj.verification is not None and traj.verification.success:
+                done["succ"] += 1
+            bar.update(job, advance=1, succ=done["succ"])
+
+        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=on_done)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A short human-readable table of a rollout summary."""
+    lines = [
+        f"episodes {summary['episodes']}  scored {summary['n']}  success {summary['success']} "
+        f"({100 * summary['success_rate']:.1f}%)  mean score {summary['mean_score']:.3f}  "
+        f"infra failures {summary['infra_failures']}",
+        f"mean output tokens {summary['mean_output_tokens']:.1f}  tool calls {summary['mean_tool_calls']:.2f}  "
+        f"turns {summary['mean_turns']:.2f}  finish {summary['finish_reasons']}",
+    ]
+    for key in ("by_category", "by_domain"):
+        lines.append(key.replace("_", " ") + ":")
+        for name, b in summary[key].items():
+            lines.append(f"  {name:<20} {b['success']:>4}/{b['n']:<4} {100 * b['success_rate']:5.1f}%")
+    return "\n".join(lines)
+
+
+def format_comparison(summaries: dict[str, dict[str, Any]]) -> str:
+    """Side-by-side success (%) of several rollout summaries (e.g. untrained vs SFT): overall, by category, by domain."""
+    if not summaries:
+        raise ValueError("format_comparison: no summaries")
+    names = list(summaries)
+    width = max(12, *(len(n) for n in names))
+    head = f"{'':<22}" + "".join(f"{n:>{width}}" for n in names)
+
+    def cell(b: dict[str, Any] | None) -> str:
+        if not b:
+            return "-"
+        return "{:.1f}% ({}/{})".format(100 * b["success_rate"], b["success"], b["n"])
+
+    def row(label: str, blocks: list[dict[str, Any] | None]) -> str:
+        return f"{label:<22}" + "".join(f"{cell(b):>{width}}" for b in blocks)
+
+    lines = [head, row("overall", [summaries[n] for n in names])]
+    for key in ("by_category", "by_domain"):
+        keys = sorted({k for n in names for k in summaries[n][key]})
+        lines.append(key.replace("_", " ") + ":")
+        for k in keys:
+            lines.append(row(f"  {k}", [summaries[n][key].get(k) for n in names]))
+    return "\n".join(lines)

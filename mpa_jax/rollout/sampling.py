@@ -1,0 +1,128 @@
+"""Pure jax sampling functions over a batch of next-token logits [B, V].
+
+The behaviour log-prob of a token is always the full-vocabulary log-softmax of `logits / temperature`
+(raw logits when greedy): filters (top-k, top-p) only decide which token is drawn. That is the number
+the learner recomputes with `kernels.logprobs.chunked_logprobs(..., temperature=T)`.
+
+Sampling uses inverse-CDF draws: one uniform per row per step instead of a Gumbel variate per
+vocabulary entry, which keeps the per-step random-number cost independent of the vocabulary. The
+distribution is exactly the softmax (after filtering). Argmax and the CDF avoid the XLA CPU ops that
+are slow at small batch (variadic argmax reductions, long cumsums); see `argmax` and `draw`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def scaled_logits(logits: jax.Array, temperature: jax.Array) -> jax.Array:
+    """`logits / temperature` in float32; temperature 0 (greedy) leaves the logits unscaled."""
+    t = jnp.where(temperature > 0.0, temperature, 1.0).astype(jnp.float32)
+    return logits.astype(jnp.float32) / t
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: jax.Array) -> jax.Array:
+    """Log-prob of `tokens` [B] under the full-vocabulary softmax of `logits / temperature` [B, V]."""
+    z = scaled_logits(logits, temperature)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    picked = jnp.take_along_axis(z, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    return picked - lse
+
+
+def filter_logits(z: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Mask (to -inf) what top-k / top-p exclude; `top_k <= 0` and `top_p >= 1` disable each filter.
+
+    `z` is already temperature-scaled. The most likely token always survives.
+    """
+    vocab = z.shape[-1]
+    sorted_z = jnp.sort(z, axis=-1)[:, ::-1]  # descending
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab).astype(jnp.int32)
+    kth = jnp.take_along_axis(sorted_z, jnp.broadcast_to(k - 1, (z.shape[0], 1)), axis=-1)
+    probs = jax.nn.softmax(sorted_z, axis=-1)
+    # Keep a sorted entry while the mass *before* it is below top_p (so the first always stays).
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = mass_before < top_p
+    n_keep = jnp.maximum(jnp.sum(keep_sorted, axis=-1, keepdims=True), 1)
+    pth = jnp.take_along_axis(sorted_z, n_keep - 1, axis=-1)
+    threshold = jnp.maximum(kth, pth)
+    return jnp.where(z >= threshold, z, -jnp.inf)
+
+
+def argmax(z: jax.Array) -> jax.Array:
+    """Index of the largest entry per row of `z` [B, V] (lowest index on ties, as jnp.argmax).
+
+    Two plain reductions (max, then min index equal to it): XLA's CPU argmax is a variadic
+    (value, index) reduction that does not vectorise and cost ~8x more per decode step.
+    """
+    vocab = z.shape[-1]
+    m = jnp.max(z, axis=-1, keepdims=True)
+    idx = jnp.min(jnp.where(z == m, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
+    return jnp.minimum(idx, vocab - 1).astype(jnp.int32)
+
+
+def _block_size(vocab: int) -> int:
+    """Block width ~sqrt(V) (a multiple of 8) for the two-level CDF."""
+    b = int(vocab**0.5)
+    return max(8, (b + 7) // 8 * 8)
+
+
+def draw(z: jax.Array, uniforms: jax.Array) -> jax.Array:
+    """Sample one token per row of `z` [B, V] by inverting the softmax CDF at `uniforms` [B] in [0, 1).
+
+    Two levels (block sums, then one block) so that no prefix sum runs over the whole vocabulary:
+    XLA lowers a long cumsum on CPU to a quadratic reduce-window, which dominated small decode steps.
+    """
+    bsz, vocab = z.shape
+    blk = _block_size(vocab)
+    nb = -(-vocab // blk)
+    probs = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))  # unnormalised; -inf -> 0
+    probs = jnp.pad(probs, ((0, 0), (0, nb * blk - vocab))).reshape(bsz, nb, blk)
+    block_mass = jnp.sum(probs, axis=-1)  # [B, nb]
+    block_cdf = jnp.cumsum(block_mass, axis=-1)
+    u = uniforms * block_cdf[:, -1]  # scale by the total so rounding never runs past the end
+    bi = jnp.minimum(jnp.sum(block_cdf <= u[:, None], axis=-1), nb - 1).astype(jnp.int32)
+    start = jnp.take_along_axis(block_cdf - block_mass, bi[:, None], axis=-1)[:, 0]
+    row = jnp.take_along_axis(probs, bi[:, None, None], axis=1)[:, 0]  # [B, blk]
+    row_cdf = jnp.cumsum(row, axis=-1)
+    j = jnp.minimum(jnp.sum(row_cdf <= (u - start)[:, None], axis=-1), blk - 1).astype(jnp.int32)
+    idx = jnp.minimum(bi * blk + j, vocab - 1)
+    # Rounding can land on a zero-probability (filtered or underflowed) entry only at a zero-width
+    # CDF step; fall back to the argmax there so an excluded token is never emitted.
+    ok = jnp.take_along_axis(row, j[:, None], axis=-1)[:, 0] > 0
+    return jnp.where(ok, idx, argmax(z))
+
+
+def row_uniforms(keys: jax.Array, step: jax.Array) -> jax.Array:
+    """One uniform per row from per-row base keys [B] (typed keys) folded with the decode step.
+
+    Folding in the step (not threading a split key) makes token t of a row depend only on the row's
+    seed and t, so results do not depend on batch composition or padding.
+    """
+    return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step), (), jnp.float32))(keys)
+
+
+def sample_step(
+    logits: jax.Array,
+    keys: jax.Array,
+    step: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    *,
+    greedy: bool,
+    filtered: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """Pick the next token for each row and return `(tokens [B] int32, logprobs [B] float32)`.
+
+    `greedy` and `filtered` are static (they pick the compiled path); the numeric knobs are traced
+    so that changing them never recompiles.
+    """
+    z = scaled_logits(logits, temperature)
+    if greedy:
+        tokens = argmax(z)
+    else:
+        zf = filter_logits(z, top_k, top_p) if filtered else z
+        tokens = draw(zf, row_uniforms(keys, step))
+    lse = jax.nn.logsumexp(z, axis=-1)
+    lp = jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0] - lse
+    return tokens, lp

@@ -1,0 +1,175 @@
+"""The agent loop against the real sandbox env and tokenizer: token bookkeeping, feedback turns, limits, infra."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mpa_jax import tokenizer as tk
+from mpa_jax.envs import ErrorCode, Feedback, load_tasks, make_env
+from mpa_jax.envs.sandbox import SandboxEnv
+from mpa_jax.rollout.agent_loop import PARSE_HINT, AgentLoopConfig, run_episodes, summarize
+from mpa_jax.rollout.testing import ScriptedEngine
+from mpa_jax.rollout.types import EngineError
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    dev = load_tasks("dev")
+    return [t for t in dev if t.category == "tool_use" and not t.faults][:6]
+
+
+def _gold_text(action: dict) -> str:
+    if action["kind"] == "tool_call":
+        return tk.format_tool_call(action["name"], action["arguments"])
+    return action["text"]
+
+
+def gold_script(tok, tasks):
+    """Replays each task's gold actions, one per turn (the task is found by its instruction in the prompt)."""
+
+    def script(prompt, _i):
+        text = tok.decode(prompt)
+        task = next(t for t in tasks if t.instruction in text)
+        turn = text.count("<|im_start|>assistant") - 1
+        return _gold_text(task.gold[min(turn, len(task.gold) - 1)])
+
+    return script
+
+
+def test_gold_replay_succeeds_with_exact_token_bookkeeping(tok, tasks):
+    engine = ScriptedEngine(tok, gold_script(tok, tasks))
+    cfg = AgentLoopConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
+    trajs = run_episodes(engine, tok, tasks, lambda: make_env("sandbox"), cfg)
+    assert [t.task_id for t in trajs] == [t.id for t in tasks]
+    for task, traj in zip(tasks, trajs):
+        assert traj.verification is not None and traj.verification.success, (task.id, traj.verification)
+        assert traj.finish_reason == "answer" and not traj.infra_failure
+        n_calls = sum(1 for g in task.gold if g["kind"] == "tool_call")
+        assert [s.action.kind for s in traj.steps] == ["tool_call"] * n_calls + ["message"]
+        assert all(s.feedback is not None and s.feedback.ok for s in traj.steps)
+        assert traj.costs["tool_calls"] == n_calls and traj.costs["turns"] == n_calls + 1
+        assert len(traj.tokens) == len(traj.loss_mask) == len(traj.logprobs)
+        # Masked tokens are exactly the sampled ones, with their behaviour log-probs.
+        assert all(lp == (-0.1 if m else 0.0) for m, lp in zip(traj.loss_mask, traj.logprobs))
+        assert traj.provenance["domain"] == task.domain and traj.provenance["weight_version"] == "scripted"
+    # Every prompt the engine saw is a prefix of its episode's final tokens (nothing re-tokenised).
+    by_instruction = {t.instruction: tr for t, tr in zip(tasks, trajs)}
+    for prompts, _, _ in engine.calls:
+        for p in prompts:
+            text = tok.decode(p)
+            traj = next(tr for ins, tr in by_instruction.items() if ins in text)
+            assert traj.tokens[: len(p)] == p and text.endswith("<|im_start|>assistant\n")
+    # Decode steps of different episodes were batched together (4 live episodes per round at first).
+    assert max(len(p) for p, _, _ in engine.calls) == 4
+    summary = summarize(trajs)
+    assert summary["success"] == len(tasks) and summary["by_category"]["tool_use"]["success_rate"] == 1.0
+
+
+def test_token_stream_is_the_chat_rendering_of_what_was_sampled(tok, tasks):
+    task = tasks[0]
+    first = _gold_text(task.gold[0])
+    engine = ScriptedEngine(tok, [first, "All done."])
+    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), AgentLoopConfig(max_turns=4))
+    obs = make_env("sandbox").reset(task)
+    fb_msg = traj.messages[len(obs["messages"]) + 1]
+    assert fb_msg["role"] == "tool"
+    expected = (
+        tk.render_chat(tok, obs["messages"], obs["tools"], add_generation_prompt=True)
+        + first + "<|im_end|>\n<|im_start|>user\n<tool_response>\n" + fb_msg["content"]
+        + "\n</tool_response><|im_end|>\n<|im_start|>assistant\nAll done.<|im_end|>"
+    )
+    assert tok.decode(traj.tokens) == expected
+    sampled = [t for t, m in zip(traj.tokens, traj.loss_mask) if m]
+    assert sampled == tok.encode(first + "<|im_end|>") + tok.encode("All done.<|im_end|>")
+
+
+def test_malformed_output_becomes_an_error_feedback_turn(tok, tasks):
+    task = tasks[0]
+    bad = '<tool_call>{"name": "create_contact", "arguments": {"name": </tool_call>'
+    engine = ScriptedEngine(tok, [bad, "Sorry, I could not do it."])
+    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), AgentLoopConfig(max_turns=4))
+    assert traj.finish_reason == "answer" and not traj.infra_failure
+    step = traj.steps[0]
+    assert step.feedback.error_code == ErrorCode.INVALID_ARGUMENTS and "could not be parsed" in step.feedback.message
+    assert step.action.raw.startswith("<tool_call>")
+    tool_turn = json.loads(next(m for m in traj.messages if m["role"] == "tool")["content"])
+    assert tool_turn["error"] == "INVALID_ARGUMENTS" and tool_turn["hint"] == PARSE_HINT
+    assert "could not be parsed" in tok.decode(traj.tokens)  # shown to the model
+    assert traj.costs["parse_errors"] == 1
+    assert traj.verification is not None and not traj.verification.success
+
+
+def test_limits_max_turns_max_tokens_and_cut_turns(tok, tasks):
+    task = tasks[0]
+    call = tk.format_tool_call("search_contacts", {"query": "a"})
+    (traj,) = run_episodes(ScriptedEngine(tok, [call]), tok, [task], lambda: make_env("sandbox"), AgentLoopConfig(max_turns=3))
+    assert traj.finish_reason == "max_turns" and traj.costs["turns"] == 3
+    assert traj.verification is not None and not traj.verification.infra_error
+
+    # A turn cut by max_new_tokens is closed with an unsampled <|im_end|> (mask 0).
+    long_text = "word " * 200
+    cfg = AgentLoopConfig(max_turns=2, max_new_tokens=8)
+    (cut,) = run_episodes(ScriptedEngine(tok, [long_text]), tok, [task], lambda: make_env("sandbox"), cfg)
+    im_end = tok.token_id("<|im_end|>")
+    first_sampled = cut.loss_mask.index(1)
+    assert cut.loss_mask[first_sampled : first_sampled + 9] == [1] * 8 + [0]
+    assert cut.tokens[first_sampled + 8] == im_end
+    assert cut.finish_reason == "answer"  # plain (cut) text is a message to the user
+
+    prompt_len = cut.loss_mask.index(1)
+    cfg = AgentLoopConfig(max_turns=8, max_new_tokens=64, max_total_tokens=prompt_len + 40)
+    (short,) = run_episodes(ScriptedEngine(tok, [call]), tok, [task], lambda: make_env("sandbox"), cfg)
+    assert short.finish_reason == "max_tokens" and len(short.tokens) <= prompt_len + 40
+    assert short.steps[0].feedback is not None  # the call ran; its feedback did not fit
+
+
+class _FailingEnv(SandboxEnv):
+    """A sandbox whose service times out on the first tool call (an INFRA/TIMEOUT world fault)."""
+
+    def step(self, action):
+        if action.kind == "tool_call":
+            return Feedback.error(ErrorCode.TIMEOUT, "the device did not answer", call_id=action.call_id)
+        return super().step(action)
+
+
+class _CrashingEnv(SandboxEnv):
+    def step(self, action):
+        raise RuntimeError("adb connection lost")
+
+
+class _BrokenEngine(ScriptedEngine):
+    def generate(self, prompts, params, seeds=None):
+        raise EngineError("server unreachable")
+
+
+def test_infra_failures_are_marked_not_scored(tok, tasks):
+    call = tk.format_tool_call("search_contacts", {"query": "a"})
+    cfg = AgentLoopConfig(max_turns=4)
+    (timeout,) = run_episodes(ScriptedEngine(tok, [call]), tok, tasks[:1], _FailingEnv, cfg)
+    (crash,) = run_episodes(ScriptedEngine(tok, [call]), tok, tasks[:1], _CrashingEnv, cfg)
+    (engine_down,) = run_episodes(_BrokenEngine(tok, [call]), tok, tasks[:1], lambda: make_env("sandbox"), cfg)
+    for traj in (timeout, crash, engine_down):
+        assert traj.infra_failure and traj.finish_reason == "infra"
+        assert traj.verification.infra_error and not traj.verification.success
+        assert traj.provenance["infra_reason"]
+    assert "TIMEOUT" in timeout.provenance["infra_reason"] and "adb" in crash.provenance["infra_reason"]
+    summary = summarize([timeout, crash, engine_down])
+    assert summary["infra_failures"] == 3 and summary["n"] == 0
+
+
+def test_seeds_are_per_episode_and_turn(tok, tasks):
+    engine = ScriptedEngine(tok, gold_script(tok, tasks))
+    run_episodes(engine, tok, tasks[:3], lambda: make_env("sandbox"), AgentLoopConfig(seed=5, batch_size=3))
+    seeds = [s for _, _, ss in engine.calls for s in ss]
+    assert len(set(seeds)) == len(seeds)
+    engine2 = ScriptedEngine(tok, gold_script(tok, tasks))
+    run_episodes(engine2, tok, tasks[:3], lambda: make_env("sandbox"), AgentLoopConfig(seed=5, batch_size=3))
+    assert seeds == [s for _, _, ss in engine2.calls for s in ss]
+    params = engine.calls[0][1]
+    assert tok.token_id("<|im_end|>") in params.stop_token_ids and tok.token_id("<|endoftext|>") in params.stop_token_ids

@@ -1,0 +1,168 @@
+"""The SGLang 0.5.x client driven against `mpa serve` over real loopback HTTP (and a flaky server for retries)."""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("fastapi")
+
+from mpa_jax import tokenizer as tk  # noqa: E402
+from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+from mpa_jax.rollout.server import ServerThread, create_app  # noqa: E402
+from mpa_jax.rollout.sglang import SGLangEngine, parse_generate_item, sampling_payload  # noqa: E402
+from mpa_jax.rollout.testing import tiny_checkpoint  # noqa: E402
+from mpa_jax.rollout.types import EngineError, SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sglang")
+    tok = tk.build_tokenizer(tk.synthetic_corpus(200), 1024, None)
+    ckpt = tiny_checkpoint(str(root / "a"), vocab_size=tok.vocab_size, seed=0)
+    other = tiny_checkpoint(str(root / "b"), vocab_size=tok.vocab_size, seed=3)
+    engine = JaxEngine.from_pretrained(ckpt, max_batch=4, weight_version="a")
+    server = ServerThread(create_app(engine, tok, model_path=ckpt, max_batch=4)).start()
+    yield {"tok": tok, "ckpt": ckpt, "other": other, "engine": engine, "server": server, "root": root}
+    server.stop()
+
+
+def _prompts(tok):
+    return [tok.encode(t) for t in ("set an alarm for seven", "call mom", "what is the weather in Paris tomorrow?")]
+
+
+def test_generate_over_http_equals_the_engine(setup):
+    tok, ref = setup["tok"], setup["engine"]  # the server's own engine, called directly while the server is idle
+    client = SGLangEngine(setup["server"].url, request_batch=2, max_concurrency=2)
+    prompts = _prompts(tok)
+    for sp in (SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=tuple(tok.eos_token_ids)),
+               SamplingParams.for_ratios(max_new_tokens=12, temperature=0.9, top_p=0.5)):
+        got = client.generate(prompts, sp, seeds=[1, 2, 3])
+        want = ref.generate(prompts, sp, seeds=[1, 2, 3])
+        for g, w in zip(got, want):
+            assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-6)
+            assert g.weight_version == "a" and g.prompt_tokens == len(prompts[got.index(g)])
+    assert client.device_s > 0
+
+
+def test_health_model_info_and_weight_sync(setup):
+    tok = setup["tok"]
+    client = SGLangEngine(setup["server"].url)
+    assert client.health()
+    assert client.model_info()["weight_version"] == "a"
+    prompts = _prompts(tok)
+    sp = SamplingParams(max_new_tokens=10, temperature=0.0)
+    before = client.generate(prompts, sp)
+    expected = JaxEngine.from_pretrained(setup["other"], max_batch=4).generate(prompts, sp)
+    client.update_weights(setup["other"], "b")  # /update_weights_from_disk, then /flush_cache
+    after = client.generate(prompts, sp)
+    assert client.weight_version == "b" and {r.weight_version for r in after} == {"b"}
+    assert [r.token_ids for r in after] == [r.token_ids for r in expected] != [r.token_ids for r in before]
+    assert client.model_info()["model_path"] == setup["other"]
+    # From a params pytree: the client exports an HF checkpoint and has the server load it.
+    from mpa_jax import models
+    from mpa_jax.rollout.sglang import hf_exporter
+
+    original = models.from_pretrained(setup["ckpt"])
+    client.exporter = hf_exporter(original.cfg, dtype="float32")
+    client.export_root = str(setup["root"] / "exports")
+    client.update_weights(original.params, "a")
+    assert os.path.isfile(os.path.join(client.export_root, "weights-a", "config.json"))
+    assert [r.token_ids for r in client.generate(prompts, sp)] == [r.token_ids for r in before]
+    with pytest.raises(EngineError, match="model_path"):
+        client.update_weights("/nonexistent/dir", "x")
+    assert client.weight_version == "a"
+
+
+def test_unhealthy_server_and_payload_details():
+    dead = SGLangEngine("http://127.0.0.1:9", max_retries=1, backoff_s=0.01, timeout_s=2)
+    assert not dead.health()
+    with pytest.raises(EngineError, match="failed after 2 attempts"):
+        dead.generate([[1, 2]], SamplingParams(max_new_tokens=2))
+    p = sampling_payload(SamplingParams.for_ratios(max_new_tokens=7, temperature=0.8, top_k=5, top_p=0.3, stop_token_ids=(4,)), seed=9)
+    assert p["max_new_tokens"] == 7 and p["stop_token_ids"] == [4] and p["top_p"] == 1.0 and p["top_k"] == -1
+    assert p["sampling_seed"] == 9 and p["skip_special_tokens"] is False
+    with pytest.raises(EngineError, match="output_token_logprobs"):
+        parse_generate_item({"output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}}})
+    with pytest.raises(EngineError, match="disagree"):
+        parse_generate_item({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "length"},
+                                                                  "output_token_logprobs": [[-0.5, 1, None]]}})
+    r = parse_generate_item({"output_ids": [5, 2], "meta_info": {"finish_reason": {"type": "stop", "matched": 2},
+                                                              "output_token_logprobs": [[-0.5, 5, None], [-0.1, 2, None]],
+                                                              "prompt_tokens": 3, "weight_version": "w7"}})
+    assert (r.token_ids, r.logprobs, r.finish_reason, r.matched_stop, r.weight_version) == ([5, 2], [-0.5, -0.1], "stop", 2, "w7")
+
+
+def test_retries_5xx_and_waits_for_flush():
+    """A real HTTP server that fails the first requests: the client retries with backoff."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+    counts = {"generate": 0, "flush": 0, "update": 0}
+    lock = threading.Lock()
+
+    @app.post("/generate")
+    async def generate(body: dict):
+        with lock:
+            counts["generate"] += 1
+            n = counts["generate"]
+        if n <= 2:
+            return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+        return [{"text": "", "output_ids": [7, 3], "meta_info": {"finish_reason": {"type": "stop", "matched": 3},
+                 "output_token_logprobs": [[-1.0, 7, None], [-0.2, 3, None]], "prompt_tokens": len(ids)}}
+                for ids in body["input_ids"]]
+
+    @app.post("/update_weights_from_disk")
+    async def update(body: dict):
+        counts["update"] += 1
+        return {"success": True, "message": "ok", "num_paused_requests": 0}
+
+    @app.post("/flush_cache")
+    async def flush():
+        counts["flush"] += 1
+        if counts["flush"] < 3:
+            return JSONResponse({"error": {"message": "Cache not flushed: pending requests"}}, status_code=400)
+        return {"success": True}
+
+    @app.post("/bad")
+    async def bad():
+        return JSONResponse({"error": {"message": "input_ids: required"}}, status_code=400)
+
+    with ServerThread(app) as server:
+        client = SGLangEngine(server.url, max_retries=3, backoff_s=0.01)
+        (r,) = client.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
+        assert r.token_ids == [7, 3] and counts["generate"] == 3
+        client.update_weights("/tmp", "v9")  # the server is told the path; flush is retried while it answers 400
+        assert counts["update"] == 1 and counts["flush"] == 3 and client.weight_version == "v9"
+        import asyncio
+
+        async def call_bad():
+            async with client._client() as c:
+                await client._request(c, "POST", "/bad", {})
+
+        with pytest.raises(EngineError, match="HTTP 400: input_ids: required"):
+            asyncio.run(call_bad())  # 4xx: no retry
+
+
+def test_agent_loop_over_http_equals_in_process(setup):
+    """Rollouts through the SGLang client against `mpa serve` are the in-process rollouts, token for token."""
+    from mpa_jax.envs import load_tasks, make_env
+    from mpa_jax.rollout.agent_loop import AgentLoopConfig, run_episodes
+
+    tok = setup["tok"]
+    tasks = load_tasks("dev")[:2]
+    cfg = AgentLoopConfig(max_turns=2, max_new_tokens=8, temperature=1.0, seed=4, batch_size=2)
+    client = SGLangEngine(setup["server"].url)
+    client.update_weights(setup["ckpt"], "a")  # whatever an earlier test left loaded
+    over_http = run_episodes(client, tok, tasks, lambda: make_env("sandbox"), cfg)
+    in_process = run_episodes(setup["engine"], tok, tasks, lambda: make_env("sandbox"), cfg)
+    for a, b in zip(over_http, in_process):
+        assert a.tokens == b.tokens and a.loss_mask == b.loss_mask and a.finish_reason == b.finish_reason
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
+        assert a.provenance["engine"] == "SGLangEngine" and a.provenance["weight_version"] == "a"
