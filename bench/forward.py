@@ -1,0 +1,125 @@
+"""Forward+backward tokens/s of our Qwen3 vs transformers (torch, eager) on the same config and batch.
+
+Both compute next-token cross-entropy from full logits and its gradient with respect to every
+parameter (no optimizer step), on the same weights, using all CPU cores. Prints both figures and the
+ratio (ours / torch; > 1 means faster than torch eager).
+
+    .venv/bin/python bench/forward.py [--hidden 256 --layers 4 --vocab 4096 --batch 8 --seq 512]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--intermediate", type=int, default=768)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps (after one warm-up)")
+    ap.add_argument("--remat", default="none")
+    ap.add_argument("--threads", type=int, default=0, choices=(0, 1), help="1: one CPU thread for both; 0: all cores")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds; the best of each is kept")
+    ap.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                    help="cpu: process CPU time (steadier on a shared machine; use with --threads 1)")
+    ap.add_argument("--torch-attn", default="sdpa", help="transformers attn_implementation (sdpa | eager)")
+    args = ap.parse_args()
+    threads = args.threads or os.cpu_count() or 1
+    if args.threads == 1:
+        # XLA:CPU reads this flag at start-up, so it is set before jax is imported.
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+
+    from mpa_jax import models
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    hf_cfg = transformers.Qwen3Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        tie_word_embeddings=True,
+        max_position_embeddings=max(4096, args.seq),
+    )
+    hf = transformers.Qwen3ForCausalLM(hf_cfg)
+    hf.config._attn_implementation = args.torch_attn
+    hf.train()
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        ours = models.from_pretrained(d, dtype="float32", remat=args.remat)
+    cfg, params = ours.cfg, ours.params
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, args.vocab, (args.batch, args.seq + 1))
+    tokens = args.batch * args.seq
+
+    # --- torch eager ---
+    t_in = torch.as_tensor(ids[:, :-1])
+    t_lab = torch.as_tensor(ids[:, 1:])
+
+    def torch_step() -> None:
+        hf.zero_grad(set_to_none=True)
+        logits = hf(input_ids=t_in).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab).float(), t_lab.reshape(-1))
+        loss.backward()
+
+    # --- ours (jit) ---
+    j_in = jnp.asarray(ids[:, :-1], jnp.int32)
+    j_lab = jnp.asarray(ids[:, 1:], jnp.int32)
+
+    def loss_fn(p):
+        logits = models.forward(cfg, p, j_in)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, j_lab[..., None], axis=-1))
+
+    step = jax.jit(jax.value_and_grad(loss_fn))
+
+    def jax_step() -> None:
+        jax.block_until_ready(step(params))
+
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+
+    def timeit(fn) -> float:
+        fn()  # warm-up (and compile)
+        times = []
+        for _ in range(args.steps):
+            t0 = clock()
+            fn()
+            times.append(clock() - t0)
+        return statistics.median(times)
+
+    # Alternate the two so that machine noise hits both alike; keep each one's best round.
+    t_torch = t_jax = float("inf")
+    for _ in range(args.rounds):
+        t_torch = min(t_torch, timeit(torch_step))
+        t_jax = min(t_jax, timeit(jax_step))
+    print(
+        f"config: hidden={args.hidden} layers={args.layers} heads={args.heads}/{args.kv_heads} head_dim={args.head_dim} "
+        f"mlp={args.intermediate} vocab={args.vocab} batch={args.batch}x{args.seq} remat={args.remat} "
+        f"threads={threads} clock={args.clock} jax={jax.__version__} torch={torch.__version__}"
+    )
+    print(f"torch eager ({args.torch_attn}) fwd+bwd: {tokens / t_torch:,.0f} tokens/s ({t_torch * 1e3:.0f} ms/step)")
+    print(f"mpa_jax (jit)        fwd+bwd: {tokens / t_jax:,.0f} tokens/s ({t_jax * 1e3:.0f} ms/step)")
+    print(f"ratio ours/torch: {t_torch / t_jax:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""Qwen3-8B shapes (untied embeddings) on the tiny config's settings; set model.init_from to an HF dir to load weights."""
+import importlib.util
+import os
+
+import ml_collections
+
+
+def _tiny() -> ml_collections.ConfigDict:
+    spec = importlib.util.spec_from_file_location("_mpa_tiny_config", os.path.join(os.path.dirname(__file__), "tiny.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = _tiny()
+    c.name = "qwen3_8b"
+    m = c.model
+    m.family = "qwen3"
+    m.vocab_size = 151936
+    m.hidden_size = 4096
+    m.intermediate_size = 12288
+    m.num_hidden_layers = 36
+    m.num_attention_heads = 32
+    m.num_key_value_heads = 8
+    m.head_dim = 128
+    m.rope_theta = 1_000_000.0
+    m.rms_norm_eps = 1e-6
+    m.tie_word_embeddings = False
+    m.max_position_embeddings = 40960
+    m.param_dtype = "float32"
+    m.compute_dtype = "bfloat16"
+    m.remat = "full"
+    m.logprob_chunk = 8192
+    c.mesh.data = 1
+    c.mesh.fsdp = -1
+    c.mesh.tensor = 1
+    c.tokenizer.vocab_size = 151936
+    return c

@@ -1,0 +1,160 @@
+"""Log-probabilities and entropy of target tokens over vocabulary chunks.
+
+`chunked_logprobs` never materialises [B, T, V] logits in float32, in the forward or the backward
+pass: a scan walks the vocabulary `chunk_size` columns at a time keeping an online log-sum-exp, and
+a custom VJP recomputes each chunk's logits in the backward scan. Live memory is O(B*T*chunk) for
+logits plus the [D, V] weight gradient. `naive_logprobs` is the plain reference.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def naive_logprobs(
+    hidden: jax.Array, unembed: jax.Array, targets: jax.Array, temperature: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
+    """Reference: full float32 logits, log_softmax, gather; returns (logp, entropy) [B, T]."""
+    logits = jnp.einsum("btd,dv->btv", hidden, unembed, preferred_element_type=jnp.float32) / temperature
+    logp_all = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(logp_all, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    return logp, entropy
+
+
+def chunked_logprobs(
+    hidden: jax.Array,
+    unembed: jax.Array,
+    targets: jax.Array,
+    chunk_size: int = 4096,
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """log p(target) and the entropy of the softmax(hidden @ unembed / temperature) distribution.
+
+    hidden [B, T, D] and unembed [D, V] in any float dtype (matmuls accumulate in float32); targets
+    [B, T] int in [0, V) (out-of-range targets, e.g. an ignore index, give meaningless values that
+    the caller must mask). Returns float32 (logp [B, T], entropy [B, T]); differentiable with respect
+    to hidden and unembed.
+    """
+    if hidden.ndim != 3 or unembed.ndim != 2 or targets.shape != hidden.shape[:2]:
+        raise ValueError(
+            f"chunked_logprobs: expected hidden [B,T,D], unembed [D,V], targets [B,T]; got "
+            f"{hidden.shape}, {unembed.shape}, {targets.shape}"
+        )
+    if hidden.shape[-1] != unembed.shape[0]:
+        raise ValueError(f"chunked_logprobs: hidden width {hidden.shape[-1]} != unembed rows {unembed.shape[0]}")
+    if chunk_size <= 0 or temperature <= 0:
+        raise ValueError(f"chunked_logprobs: chunk_size ({chunk_size}) and temperature ({temperature}) must be > 0")
+    b, t, d = hidden.shape
+    chunk = min(int(chunk_size), unembed.shape[1])
+    logp, ent = _chunked(hidden.reshape(b * t, d), unembed, targets.reshape(b * t).astype(jnp.int32), chunk, float(temperature))
+    return logp.reshape(b, t), ent.reshape(b, t)
+
+
+def _chunk_bounds(c: jax.Array, chunk: int, vocab: int) -> tuple[jax.Array, jax.Array]:
+    """Start column of chunk c (clamped so the slice stays in range) and the mask of its new columns.
+
+    The last chunk overlaps the previous one when chunk does not divide V; the overlapping columns are
+    masked out, which avoids padding (and thus copying) the [D, V] matrix.
+    """
+    start = jnp.minimum(c * chunk, vocab - chunk)
+    cols = start + jnp.arange(chunk)
+    return start, cols >= c * chunk
+
+
+def _weight_chunk(w: jax.Array, start: jax.Array, chunk: int) -> jax.Array:
+    """Columns [start, start+chunk) of w.
+
+    16-bit weights are sliced as raw bits: on CPU, XLA otherwise converts the whole bf16 matrix to
+    float32 once before the loop (a [D, V] float32 copy), since its bf16 ops are upcast. Other
+    backends slice 16-bit floats natively, where the bit view would only add a copy.
+    """
+    if w.dtype.itemsize == 2 and jax.default_backend() == "cpu":
+        bits = jax.lax.bitcast_convert_type(w, jnp.uint16)
+        return jax.lax.bitcast_convert_type(jax.lax.dynamic_slice_in_dim(bits, start, chunk, axis=1), w.dtype)
+    return jax.lax.dynamic_slice_in_dim(w, start, chunk, axis=1)
+
+
+def _chunk_logits(h: jax.Array, w: jax.Array, start: jax.Array, chunk: int, temperature: float) -> jax.Array:
+    wc = _weight_chunk(w, start, chunk)
+    return jnp.dot(h, wc.astype(h.dtype), preferred_element_type=jnp.float32) / temperature
+
+
+def _forward_stats(h, w, y, chunk, temperature):
+    """Online pass: (logp, entropy, lse) per row."""
+    n = h.shape[0]
+    vocab = w.shape[1]
+    num_chunks = -(-vocab // chunk)
+
+    def body(carry, c):
+        m, s, sl, ty = carry
+        start, valid = _chunk_bounds(c, chunk, vocab)
+        logits = jnp.where(valid[None, :], _chunk_logits(h, w, start, chunk, temperature), -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(logits, axis=1))
+        scale = jnp.exp(m - m_new)
+        e = jnp.exp(logits - m_new[:, None])
+        s = s * scale + jnp.sum(e, axis=1)
+        # sum of e*l with masked columns contributing 0 (avoid 0 * -inf)
+        sl = sl * scale + jnp.sum(jnp.where(valid[None, :], e * logits, 0.0), axis=1)
+        local = y - start
+        hit = (local >= 0) & (local < chunk) & (y >= c * chunk)
+        picked = jnp.take_along_axis(logits, jnp.clip(local, 0, chunk - 1)[:, None], axis=1)[:, 0]
+        ty = jnp.where(hit, picked, ty)
+        return (m_new, s, sl, ty), None
+
+    init = (
+        jnp.full((n,), -jnp.inf, jnp.float32),
+        jnp.zeros((n,), jnp.float32),
+        jnp.zeros((n,), jnp.float32),
+        jnp.zeros((n,), jnp.float32),
+    )
+    (m, s, sl, ty), _ = jax.lax.scan(body, init, jnp.arange(num_chunks))
+    lse = m + jnp.log(s)
+    return ty - lse, lse - sl / s, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunked(h, w, y, chunk, temperature):
+    logp, ent, _ = _forward_stats(h, w, y, chunk, temperature)
+    return logp, ent
+
+
+def _chunked_fwd(h, w, y, chunk, temperature):
+    logp, ent, lse = _forward_stats(h, w, y, chunk, temperature)
+    return (logp, ent), (h, w, y, ent, lse)
+
+
+def _chunked_bwd(chunk, temperature, res, grads):
+    h, w, y, ent, lse = res
+    g_logp, g_ent = grads
+    vocab = w.shape[1]
+    num_chunks = -(-vocab // chunk)
+    h32 = h.astype(jnp.float32)  # hoisted out of the loop
+
+    def body(carry, c):
+        dh, dw = carry
+        start, valid = _chunk_bounds(c, chunk, vocab)
+        wc = _weight_chunk(w, start, chunk)
+        logits = jnp.dot(h, wc.astype(h.dtype), preferred_element_type=jnp.float32) / temperature
+        logp = logits - lse[:, None]
+        p = jnp.exp(logp)
+        onehot = (jnp.arange(chunk)[None, :] + start) == y[:, None]
+        # d logp_y / d l_k = [k == y] - p_k;  d H / d l_k = -p_k (log p_k + H)
+        dl = g_logp[:, None] * (onehot.astype(jnp.float32) - p) - g_ent[:, None] * p * (logp + ent[:, None])
+        dl = jnp.where(valid[None, :], dl, 0.0) / temperature
+        dh = dh + jnp.dot(dl, wc.astype(jnp.float32).T)
+        # Each vocabulary column's gradient is complete within its chunk, so it is cast to the weight
+        # dtype at once and written in place (columns shared with the previous chunk keep their value).
+        dwc = jnp.dot(h32.T, dl).astype(dw.dtype)
+        old = jax.lax.dynamic_slice_in_dim(dw, start, chunk, axis=1)
+        dw = jax.lax.dynamic_update_slice_in_dim(dw, jnp.where(valid[None, :], dwc, old), start, axis=1)
+        return (dh, dw), None
+
+    init = (jnp.zeros(h.shape, jnp.float32), jnp.zeros(w.shape, w.dtype))
+    (dh, dw), _ = jax.lax.scan(body, init, jnp.arange(num_chunks))
+    return dh.astype(h.dtype), dw, None
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)

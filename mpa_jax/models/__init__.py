@@ -1,0 +1,172 @@
+"""Models: Qwen-family decoders in JAX with exact Hugging Face checkpoint layout.
+
+Public API (every function dispatches on `cfg.family` to a family module; see registry.py)::
+
+    from mpa_jax import models
+    cfg = models.ModelConfig.from_hf(config_json_dict)   # or models.config_from_ml(config.model)
+    cfg.to_hf() -> dict                                  # config.json
+    params = models.init_params(cfg, rng, mesh=None, rules=None)
+    logical = models.param_logical_axes(cfg)
+    hidden = models.hidden_states(cfg, params, input_ids, positions=None, segment_ids=None, attention_mask=None)
+    logits = models.forward(cfg, params, input_ids, positions=None, segment_ids=None, attention_mask=None)
+    w = models.unembedding(cfg, params)                  # [D, V]
+    logp, entropy = models.token_logprobs(cfg, params, input_ids, targets, chunk_size=4096, temperature=1.0, ...)
+    state = models.init_decode_state(cfg, batch, max_len, dtype=None)
+    logits, state = models.decode(cfg, params, input_ids, positions, state, attention_mask=None)
+    model = models.from_pretrained(path, dtype="float32", mesh=None, rules=None)
+    logits = model(input_ids)
+    models.save_pretrained(model, out_dir, tokenizer_dir=None, dtype=None)
+
+Params are plain nested dicts (joining keys with "." gives the HF tensor name; `kernel` leaves are the
+HF `weight` transposed to [in, out]). All functions are pure and jit-able with `cfg` static (closed
+over or `static_argnums`; ModelConfig is hashable).
+
+Inputs of `hidden_states` / `forward`: `input_ids` int32 [B, T]. `attention_mask` [B, T] (1 real, 0 pad;
+left or right padding). `segment_ids` [B, T] int32 for packed sequences: a token attends only to
+earlier tokens with the same segment id (padding may use its own id, e.g. 0, and also be masked out
+with attention_mask). `positions` [B, T] int32; default: restart at 0 at each segment (packed), else
+count of real tokens before the token (so with left padding the first real token is position 0), else
+arange(T). `hidden_states` returns [B, T, D] after the final norm in compute dtype; `forward` returns
+float32 logits [B, T, V]. Padding positions give finite values that callers must mask.
+
+Incremental decoding (`decode`), for the sampler. The state holds a KV cache of `max_len` slots shared
+by the batch, a bool `kv_mask` [B, max_len] (slot holds a real token) and `index` (int32 scalar: the
+next slot to write). A call with T new tokens writes them at slots [index, index+T) and advances index
+by T; token j of the call attends to cache slots <= index+j whose kv_mask is set (its own slot
+included). `attention_mask` [B, T] (default all ones) marks which of the new tokens are real: pass the
+left-padded prompt's mask for the prefill (T > 1), and for each step (T = 1) ones (or 0 for rows that
+are finished, so their filler tokens are never attended). `positions` [B, T] are the RoPE positions,
+which the caller tracks per row: for a left-padded prompt `cumsum(mask) - 1` (clipped at 0), then
+`last + 1` for each step. The logits returned are float32 [B, T, V] for the T new tokens. Decoding
+beyond max_len is not checked inside jit: keep index + T <= max_len.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from mpa_jax.models import registry
+from mpa_jax.models.config import ModelConfig, config_from_ml
+from mpa_jax.models.hf_io import Model, from_pretrained, save_pretrained
+
+__all__ = [
+    "ModelConfig",
+    "Model",
+    "config_from_ml",
+    "init_params",
+    "param_logical_axes",
+    "hidden_states",
+    "forward",
+    "unembedding",
+    "init_decode_state",
+    "decode",
+    "from_pretrained",
+    "save_pretrained",
+    "param_count",
+    "token_logprobs",
+]
+
+
+def _family(cfg: ModelConfig):
+    return registry.family_module(cfg.family)
+
+
+def param_logical_axes(cfg: ModelConfig) -> dict[str, Any]:
+    """Tree of logical axis-name tuples, one per parameter (same structure as init_params)."""
+    return _family(cfg).param_logical_axes(cfg)
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array, mesh: jax.sharding.Mesh | None = None, rules: Any = None):
+    """Random parameters in cfg.param_dtype; with `mesh`, created directly sharded by `rules`.
+
+    Sharded creation: shapes come from `jax.eval_shape`, and one jit with out_shardings creates each
+    shard on its device (no full copy on any one device or on the host).
+    """
+    module = _family(cfg)
+    fn = lambda r: module.init_params(cfg, r)  # noqa: E731
+    if mesh is None:
+        return jax.jit(fn)(rng)
+    from mpa_jax import sharding
+
+    shardings = sharding.param_shardings(cfg, mesh, rules)
+    return jax.jit(fn, out_shardings=shardings)(rng)
+
+
+def hidden_states(
+    cfg: ModelConfig,
+    params: Any,
+    input_ids: jax.Array,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+) -> jax.Array:
+    """Final hidden states [B, T, D] after the final norm (compute dtype)."""
+    return _family(cfg).hidden_states(cfg, params, input_ids, positions, segment_ids, attention_mask)
+
+
+def unembedding(cfg: ModelConfig, params: Any) -> jax.Array:
+    """Output projection [D, V] (tied: the embedding transposed)."""
+    return _family(cfg).unembedding(cfg, params)
+
+
+def forward(
+    cfg: ModelConfig,
+    params: Any,
+    input_ids: jax.Array,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+) -> jax.Array:
+    """Logits [B, T, V] in float32 (matmul in compute dtype, float32 accumulation)."""
+    h = hidden_states(cfg, params, input_ids, positions, segment_ids, attention_mask)
+    w = unembedding(cfg, params).astype(h.dtype)
+    lead = h.shape[:-1]
+    logits = jnp.dot(h.reshape(-1, h.shape[-1]), w, preferred_element_type=jnp.float32)
+    return logits.reshape(*lead, w.shape[-1])
+
+
+def token_logprobs(
+    cfg: ModelConfig,
+    params: Any,
+    input_ids: jax.Array,
+    targets: jax.Array,
+    chunk_size: int = 4096,
+    temperature: float = 1.0,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """float32 (log p(targets), entropy) [B, T] via chunked log-probs: no [B, T, V] float32 logits.
+
+    `targets[b, t]` is the token whose probability is read at position t (usually input_ids shifted
+    left by one); mask the results where targets are not real tokens.
+    """
+    from mpa_jax.kernels.logprobs import chunked_logprobs
+
+    h = hidden_states(cfg, params, input_ids, positions, segment_ids, attention_mask)
+    return chunked_logprobs(h, unembedding(cfg, params), targets, chunk_size=chunk_size, temperature=temperature)
+
+
+def init_decode_state(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> Any:
+    """Empty decoding state (KV cache etc.) for `batch` rows of up to `max_len` tokens."""
+    return _family(cfg).init_decode_state(cfg, batch, max_len, dtype)
+
+
+def decode(
+    cfg: ModelConfig,
+    params: Any,
+    input_ids: jax.Array,
+    positions: jax.Array,
+    state: Any,
+    attention_mask: jax.Array | None = None,
+) -> tuple[jax.Array, Any]:
+    """Feed T new tokens (prefill T > 1, step T = 1); returns float32 logits [B, T, V] and the new state."""
+    return _family(cfg).decode(cfg, params, input_ids, positions, state, attention_mask)
+
+
+def param_count(cfg: ModelConfig) -> int:
+    """Number of parameters, computed abstractly (nothing allocated)."""
+    shapes = jax.eval_shape(lambda r: _family(cfg).init_params(cfg, r), jax.random.key(0))
+    return sum(int(x.size) for x in jax.tree.leaves(shapes))

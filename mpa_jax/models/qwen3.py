@@ -1,0 +1,248 @@
+"""Qwen3 dense decoder (family "qwen3"): the family-module functions listed in registry.py.
+
+Parameter tree (plain nested dicts; joining the keys with "." gives the HF tensor name, with
+`kernel` = the HF `weight` transposed to [in, out]):
+
+    model.embed_tokens.weight                 [V, D]
+    model.layers.<i>.input_layernorm.weight   [D]
+    model.layers.<i>.self_attn.{q,k,v}_proj.kernel  [D, heads*head_dim]   (+ .bias when attention_bias)
+    model.layers.<i>.self_attn.o_proj.kernel  [heads*head_dim, D]
+    model.layers.<i>.self_attn.{q,k}_norm.weight    [head_dim]
+    model.layers.<i>.post_attention_layernorm.weight [D]
+    model.layers.<i>.mlp.{gate,up}_proj.kernel [D, I];  mlp.down_proj.kernel [I, D]
+    model.norm.weight                         [D]
+    lm_head.kernel                            [D, V]   (only when embeddings are not tied)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from mpa_jax.models import layers
+from mpa_jax.models.config import ModelConfig
+from mpa_jax.models.hf_io import TensorMap
+
+Params = dict[str, Any]
+
+
+# ---- parameters ---------------------------------------------------------------------------------------
+def _shapes(cfg: ModelConfig) -> dict[str, Any]:
+    """Tree of (shape, logical axes, init kind) per parameter."""
+    d, hd, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+
+    def lin(n_in: int, n_out: int, axes: tuple[str, str]) -> dict[str, Any]:
+        return {"kernel": ((n_in, n_out), axes, "normal")}
+
+    def attn_lin(n_in: int, n_out: int, axes: tuple[str, str]) -> dict[str, Any]:
+        out = lin(n_in, n_out, axes)
+        if cfg.attention_bias:
+            out["bias"] = ((n_out,), axes[1:], "zeros")
+        return out
+
+    def norm(n: int, axis: str = "norm") -> dict[str, Any]:
+        return {"weight": ((n,), (axis,), "ones")}
+
+    layer = {
+        "input_layernorm": norm(d),
+        "self_attn": {
+            "q_proj": attn_lin(d, nq, ("embed", "heads")),
+            "k_proj": attn_lin(d, nkv, ("embed", "kv_heads")),
+            "v_proj": attn_lin(d, nkv, ("embed", "kv_heads")),
+            "o_proj": attn_lin(nq, d, ("heads", "embed")),
+            "q_norm": norm(hd, "head_dim"),
+            "k_norm": norm(hd, "head_dim"),
+        },
+        "post_attention_layernorm": norm(d),
+        "mlp": {
+            "gate_proj": lin(d, i, ("embed", "mlp")),
+            "up_proj": lin(d, i, ("embed", "mlp")),
+            "down_proj": lin(i, d, ("mlp", "embed")),
+        },
+    }
+    tree: dict[str, Any] = {
+        "model": {
+            "embed_tokens": {"weight": ((cfg.vocab_size, d), ("vocab", "embed"), "normal")},
+            "layers": {str(n): layer for n in range(cfg.num_hidden_layers)},
+            "norm": norm(d),
+        }
+    }
+    if not cfg.tie_word_embeddings:
+        tree["lm_head"] = {"kernel": ((d, cfg.vocab_size), ("embed", "vocab"), "normal")}
+    return tree
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, tuple) and len(x) == 3 and isinstance(x[2], str)
+
+
+def param_logical_axes(cfg: ModelConfig) -> Params:
+    """Logical axis names per parameter (same tree as init_params)."""
+    return jax.tree.map(lambda s: s[1], _shapes(cfg), is_leaf=_is_spec)
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
+    """Random parameters: normal(initializer_range) matrices, unit norms, zero biases."""
+    specs = _shapes(cfg)
+    leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
+    dtype = layers.dtype_of(cfg.param_dtype)
+    out = []
+    for n, (shape, _, kind) in enumerate(leaves):
+        if kind == "normal":
+            # fold_in by leaf index: values do not depend on how many other leaves exist before sharding.
+            key = jax.random.fold_in(rng, n)
+            out.append((cfg.initializer_range * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
+        elif kind == "ones":
+            out.append(jnp.ones(shape, dtype))
+        else:
+            out.append(jnp.zeros(shape, dtype))
+    return jax.tree.unflatten(treedef, out)
+
+
+def unembedding(cfg: ModelConfig, params: Params) -> jax.Array:
+    """[D, V] output projection (the embedding transposed when tied)."""
+    if cfg.tie_word_embeddings:
+        return params["model"]["embed_tokens"]["weight"].T
+    return params["lm_head"]["kernel"]
+
+
+def hf_mapping(cfg: ModelConfig) -> list[TensorMap]:
+    """Param path <-> HF tensor name for every parameter."""
+    maps = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(_shapes(cfg), is_leaf=_is_spec)[0]:
+        keys = tuple(k.key for k in path)
+        transpose = keys[-1] == "kernel"
+        name = ".".join(keys[:-1] + ("weight" if transpose else keys[-1],))
+        maps.append(TensorMap(keys, (name,), transpose))
+    return maps
+
+
+# ---- forward ------------------------------------------------------------------------------------------
+def _qkv(cfg: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array):
+    """Projected, normed and rotated q [B,T,N,H] and k, v [B,T,K,H]."""
+    b, t, _ = x.shape
+    hd = cfg.head_dim
+
+    def proj(name: str, heads: int) -> jax.Array:
+        y = layers.dense(x, p[name]["kernel"])
+        if "bias" in p[name]:
+            y = y + p[name]["bias"].astype(y.dtype)
+        return y.reshape(b, t, heads, hd)
+
+    q = layers.rms_norm(proj("q_proj", cfg.num_attention_heads), p["q_norm"]["weight"], cfg.rms_norm_eps)
+    k = layers.rms_norm(proj("k_proj", cfg.num_key_value_heads), p["k_norm"]["weight"], cfg.rms_norm_eps)
+    v = proj("v_proj", cfg.num_key_value_heads)
+    return layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin), v
+
+
+def _out(p: Params, attn: jax.Array) -> jax.Array:
+    b, t = attn.shape[:2]
+    y = layers.dense(attn.reshape(b, t, -1), p["o_proj"]["kernel"])
+    if "bias" in p["o_proj"]:
+        y = y + p["o_proj"]["bias"].astype(y.dtype)
+    return y
+
+
+def _mlp(cfg: ModelConfig, p: Params, x: jax.Array) -> jax.Array:
+    h = layers.rms_norm(x, p["post_attention_layernorm"]["weight"], cfg.rms_norm_eps)
+    m = p["mlp"]
+    return x + layers.swiglu(h, m["gate_proj"]["kernel"], m["up_proj"]["kernel"], m["down_proj"]["kernel"])
+
+
+def _embed(cfg: ModelConfig, params: Params, input_ids: jax.Array) -> jax.Array:
+    table = params["model"]["embed_tokens"]["weight"]
+    return jnp.take(table, input_ids, axis=0).astype(layers.dtype_of(cfg.compute_dtype))
+
+
+def hidden_states(
+    cfg: ModelConfig,
+    params: Params,
+    input_ids: jax.Array,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+) -> jax.Array:
+    """Final-norm hidden states [B, T, D] (compute dtype); see registry.py for argument semantics."""
+    b, t = input_ids.shape
+    if positions is None:
+        positions = layers.default_positions(b, t, segment_ids, attention_mask)
+    cos, sin = layers.rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    mask = layers.self_attention_mask(segment_ids, attention_mask, t)
+    scale = cfg.head_dim**-0.5
+
+    def layer_fn(p: Params, x: jax.Array) -> jax.Array:
+        h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
+        q, k, v = _qkv(cfg, p["self_attn"], h, cos, sin)
+        x = x + _out(p["self_attn"], layers.causal_attention(q, k, v, mask, scale))
+        return _mlp(cfg, p, x)
+
+    layer_fn = layers.remat_wrap(layer_fn, cfg.remat)
+    x = _embed(cfg, params, input_ids)
+    for n in range(cfg.num_hidden_layers):
+        x = layer_fn(params["model"]["layers"][str(n)], x)
+    return layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
+
+
+# ---- incremental decoding -----------------------------------------------------------------------------
+def init_decode_state(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> dict[str, Any]:
+    """Empty KV cache: per-layer k/v [B, max_len, K, H], kv_mask [B, max_len], index (next slot)."""
+    dtype = layers.dtype_of(cfg.compute_dtype) if dtype is None else jnp.dtype(dtype)
+    shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+    return {
+        "layers": {
+            str(n): {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+            for n in range(cfg.num_hidden_layers)
+        },
+        "kv_mask": jnp.zeros((batch, max_len), bool),
+        "index": jnp.zeros((), jnp.int32),
+    }
+
+
+def decode_mask(state: dict[str, Any], attention_mask: jax.Array | None, t: int) -> tuple[jax.Array, jax.Array]:
+    """Updated kv_mask [B, S] and the attention mask [B, 1, T, S] for T new tokens at slot `index`.
+
+    Shared with other families: a new token at slot index+j sees cache slots <= index+j that hold
+    real tokens.
+    """
+    kv_mask = state["kv_mask"]
+    b, s = kv_mask.shape
+    idx = state["index"]
+    new = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+    kv_mask = jax.lax.dynamic_update_slice(kv_mask, new, (0, idx))
+    q_slot = idx + jnp.arange(t)
+    causal = jnp.arange(s)[None, :] <= q_slot[:, None]
+    return kv_mask, causal[None, None] & kv_mask[:, None, None, :]
+
+
+def decode(
+    cfg: ModelConfig,
+    params: Params,
+    input_ids: jax.Array,
+    positions: jax.Array,
+    state: dict[str, Any],
+    attention_mask: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, Any]]:
+    """Run T new tokens through the model against the cache; see mpa_jax.models for semantics."""
+    b, t = input_ids.shape
+    idx = state["index"]
+    kv_mask, mask = decode_mask(state, attention_mask, t)
+    cos, sin = layers.rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    scale = cfg.head_dim**-0.5
+    x = _embed(cfg, params, input_ids)
+    new_layers = {}
+    for n in range(cfg.num_hidden_layers):
+        p = params["model"]["layers"][str(n)]
+        cache = state["layers"][str(n)]
+        h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
+        q, k, v = _qkv(cfg, p["self_attn"], h, cos, sin)
+        ck = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (0, idx, 0, 0))
+        cv = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (0, idx, 0, 0))
+        new_layers[str(n)] = {"k": ck, "v": cv}
+        attn = layers.attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
+        x = _mlp(cfg, p, x + _out(p["self_attn"], attn))
+    x = layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
+    w = unembedding(cfg, params).astype(x.dtype)
+    logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}

@@ -1,0 +1,173 @@
+"""Meshes and logical-axis sharding (MaxText vocabulary).
+
+Mesh axes are (data, fsdp, tensor, expert). Arrays name their dimensions with logical axes (batch,
+length, embed, mlp, heads, kv_heads, head_dim, vocab, experts, norm, ...); `rules` map each logical
+name to a mesh axis, a tuple of mesh axes, or None (replicated). A logical name without a rule is
+replicated. Rules come from `config.sharding_rules`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("head_dim", None),
+    ("vocab", "tensor"),
+    ("experts", "expert"),
+)
+
+Rules = Sequence[tuple[str, Any]]
+
+
+def mesh_shape(mesh_cfg: Any, num_devices: int | None = None) -> tuple[int, ...]:
+    """Sizes of (data, fsdp, tensor, expert) from a config section; one `-1` takes the remaining devices."""
+    n = jax.device_count() if num_devices is None else num_devices
+    get = (lambda k: mesh_cfg[k]) if isinstance(mesh_cfg, Mapping) or hasattr(mesh_cfg, "keys") else (
+        lambda k: getattr(mesh_cfg, k)
+    )
+    sizes = []
+    for axis in MESH_AXES:
+        try:
+            sizes.append(int(get(axis)))
+        except (KeyError, AttributeError):
+            raise ValueError(f"mesh config lacks axis {axis!r}") from None
+    if sizes.count(-1) > 1:
+        raise ValueError(f"mesh config {dict(zip(MESH_AXES, sizes))}: at most one axis may be -1")
+    if any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"mesh config {dict(zip(MESH_AXES, sizes))}: sizes must be positive or -1")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if n % known:
+            raise ValueError(f"mesh config {dict(zip(MESH_AXES, sizes))} does not divide {n} devices")
+        sizes[sizes.index(-1)] = n // known
+    if math.prod(sizes) != n:
+        raise ValueError(f"mesh config {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {n}")
+    return tuple(sizes)
+
+
+def make_mesh(mesh_cfg: Any, devices: Sequence[Any] | None = None) -> Mesh:
+    """Mesh over (data, fsdp, tensor, expert) from `config.mesh` (mapping or ConfigDict, or a 4-tuple)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if isinstance(mesh_cfg, (tuple, list)):
+        mesh_cfg = dict(zip(MESH_AXES, mesh_cfg))
+    shape = mesh_shape(mesh_cfg, len(devices))
+    try:
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh(shape, devices=devices)
+    except Exception:  # noqa: BLE001 - topology-aware layout is best effort (e.g. CPU device subsets)
+        grid = np.asarray(devices).reshape(shape)
+    return Mesh(grid, MESH_AXES)
+
+
+def _rules_dict(rules: Rules | None) -> dict[str, Any]:
+    rules = DEFAULT_RULES if rules is None else rules
+    out: dict[str, Any] = {}
+    for item in rules:
+        name, target = tuple(item)
+        if name in out:
+            raise ValueError(f"sharding rules name logical axis {name!r} twice")
+        if isinstance(target, list):
+            target = tuple(target)
+        out[name] = target
+    return out
+
+
+def logical_to_spec(
+    logical_axes: Sequence[str | None],
+    rules: Rules | None = None,
+    mesh: Mesh | None = None,
+    shape: Sequence[int] | None = None,
+) -> PartitionSpec:
+    """PartitionSpec for an array whose dims have these logical names.
+
+    A mesh axis is used at most once per array (a later dim wanting a used axis is replicated). With
+    `mesh` and `shape`, mesh axes of size 1 are dropped and a dim that its mesh axes do not divide is
+    replicated rather than failing (e.g. 2 kv heads on tensor=4).
+    """
+    table = _rules_dict(rules)
+    used: set[str] = set()
+    spec: list[Any] = []
+    for dim, name in enumerate(logical_axes):
+        target = table.get(name) if name is not None else None
+        axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+        for a in axes:
+            if a not in MESH_AXES:
+                raise ValueError(f"sharding rule for {name!r} names unknown mesh axis {a!r} (axes: {MESH_AXES})")
+        axes = tuple(a for a in axes if a not in used)
+        if mesh is not None:
+            axes = tuple(a for a in axes if mesh.shape[a] > 1)
+            if shape is not None and axes and shape[dim] % math.prod(mesh.shape[a] for a in axes):
+                axes = ()
+        used.update(axes)
+        spec.append(None if not axes else (axes[0] if len(axes) == 1 else axes))
+    return PartitionSpec(*spec)
+
+
+def shardings_for(logical_tree: Any, shapes: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """NamedSharding per leaf of `shapes` (arrays or ShapeDtypeStructs) from a tree of logical axis tuples."""
+    is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, (str, type(None))) for a in x)  # noqa: E731
+    return jax.tree.map(
+        lambda axes, s: NamedSharding(mesh, logical_to_spec(axes, rules, mesh, s.shape)),
+        logical_tree,
+        shapes,
+        is_leaf=is_axes,
+    )
+
+
+def param_shardings(cfg: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """NamedSharding for every parameter of `cfg` (same tree as init_params), computed abstractly."""
+    from mpa_jax import models
+
+    family = models.registry.family_module(cfg.family)
+    shapes = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
+    return shardings_for(models.param_logical_axes(cfg), shapes, mesh, rules)
+
+
+def batch_sharding(mesh: Mesh, rules: Rules | None = None, ndim: int = 2) -> NamedSharding:
+    """Sharding for a [batch, length, ...] input array: batch by the `batch` rule, the rest replicated."""
+    spec = logical_to_spec(("batch",) + (None,) * (ndim - 1), rules, mesh)
+    return NamedSharding(mesh, spec)
+
+
+def shard_batch(batch: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """Place every array of a batch pytree with batch_sharding (leading dim = batch)."""
+    return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, rules, np.ndim(x))), batch)
+
+
+def shard_params(params: Any, cfg: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
+    """Move an existing params tree into the shardings the rules give."""
+    return jax.device_put(params, param_shardings(cfg, mesh, rules))
+
+
+def per_device_bytes(shapes: Any, shardings: Any) -> dict[Any, int]:
+    """Bytes each device would hold for arrays `shapes` (ShapeDtypeStructs) placed by `shardings`."""
+    totals: dict[Any, int] = {}
+    for s, sh in zip(jax.tree.leaves(shapes), jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))):
+        shard = sh.shard_shape(s.shape)
+        nbytes = int(np.prod(shard, dtype=np.int64)) * np.dtype(s.dtype).itemsize
+        for d in sh.mesh.devices.flat:
+            totals[d] = totals.get(d, 0) + nbytes
+    return totals
+
+
+def rules_from_config(config: Any) -> tuple[tuple[str, Any], ...]:
+    """The `sharding_rules` of an experiment config, as a tuple of pairs (defaults when absent)."""
+    rules = getattr(config, "sharding_rules", None) if not isinstance(config, Mapping) else config.get("sharding_rules")
+    return DEFAULT_RULES if rules is None else tuple(tuple(r) for r in rules)
+
+
+def describe(mesh: Mesh) -> str:
+    """Short text such as 'data=2 fsdp=2 tensor=2 expert=1'."""
+    return " ".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)
