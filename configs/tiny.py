@@ -30,6 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.model.compute_dtype = "float32"  # bfloat16 on accelerators
     c.model.remat = "none"  # none | full | dots
     c.model.logprob_chunk = 1024  # vocabulary chunk for log-probs
+    c.model.delta_impl = "jnp"  # Qwen3.5 gated delta rule: jnp (chunked) | pallas (GPU/TPU kernel)
 
     # Mesh (data, fsdp, tensor, expert); -1 takes the remaining devices. Logical-axis rules in MaxText style.
     c.mesh = ml_collections.ConfigDict()
@@ -53,11 +54,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.tokenizer = ml_collections.ConfigDict()
     c.tokenizer.path = ""
     c.tokenizer.vocab_size = 4096
+    c.tokenizer.corpus_tasks = 300  # envs tasks (oracle episodes) in the BPE corpus; 0 = synthetic text only
 
     # Tasks of the sandbox benchmark.
     c.tasks = ml_collections.ConfigDict()
-    c.tasks.seed = 0
-    c.tasks.per_template = 0  # 0 = the benchmark's default counts
+    c.tasks.seed = 0  # shifts every split's instance-seed range (splits stay disjoint)
+    c.tasks.per_template = 0  # 0 = the benchmark's default counts (test 4, dev 1, train 4 per template x weight)
 
     # Oracle demonstrations for the cold start.
     c.oracle = ml_collections.ConfigDict()
@@ -67,25 +69,31 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Supervised cold start.
     c.sft = ml_collections.ConfigDict()
-    c.sft.data = ""  # trajectory JSONL; empty = oracle trajectories made by `mpa demo`
-    c.sft.seq_len = 1024
-    c.sft.batch_size = 8  # sequences per optimizer step (global)
-    c.sft.micro_batches = 1  # gradient accumulation
-    c.sft.steps = 300
+    c.sft.data = ""  # trajectory JSONL (or .parquet with pyarrow); empty = `mpa sft` makes oracle trajectories first
+    c.sft.seq_len = 2048  # packed row length; oracle episodes are ~1-2k tokens (tool schemas in the prompt)
+    c.sft.batch_size = 8  # rows per optimizer step (global; a multiple of the data-parallel devices)
+    c.sft.micro_batches = 1  # gradient accumulation (exact: token sums over micro-batches)
+    c.sft.steps = 60
     c.sft.lr = 3e-3
-    c.sft.warmup_steps = 20
+    c.sft.lr_end_ratio = 0.1  # cosine decays to lr * this
+    c.sft.warmup_steps = 6
     c.sft.weight_decay = 0.01
     c.sft.clip_norm = 1.0
     c.sft.b1 = 0.9
     c.sft.b2 = 0.95
     c.sft.log_every = 10
-    c.sft.eval_every = 100
-    c.sft.eval_batches = 4
+    c.sft.eval_every = 30
+    c.sft.eval_batches = 2
+    c.sft.eval_fraction = 0.05  # trajectories held out (seeded) for the held-out loss
+    c.sft.only_success = True  # train only on verified-successful episodes (infra failures are always dropped)
+    c.sft.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0 = by device kind (unknown on CPU)
+    c.sft.export = False  # write <workdir>/hf (Hugging Face) at the end
+    c.sft.export_dtype = "bfloat16"
 
     # Checkpoints.
     c.checkpoint = ml_collections.ConfigDict()
-    c.checkpoint.every = 100
-    c.checkpoint.keep = 3
+    c.checkpoint.every = 30  # steps; the last step is always saved
+    c.checkpoint.keep = 2
     c.checkpoint.async_save = True
 
     # Rollout (sampling and the agent loop).
@@ -102,12 +110,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.top_k = -1
     c.rollout.greedy_eval = True
+    c.rollout.sharded = False  # place the embedded engine on `c.mesh` (accelerators); one device otherwise
 
     # Serving.
     c.serve = ml_collections.ConfigDict()
     c.serve.host = "127.0.0.1"
     c.serve.port = 30000
     c.serve.max_batch = 8
+    c.serve.max_new_tokens = 256  # default for chat completions without max_tokens
 
     # CARE RL (next round); the keys are fixed here so that configs and overrides are stable.
     c.rl = ml_collections.ConfigDict()

@@ -84,4 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module, so that commands' `mpa_jax.cli.UserError` is the class caught here.
+    from mpa_jax import cli as _cli
+
+    sys.exit(_cli.main())

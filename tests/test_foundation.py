@@ -54,6 +54,8 @@ def test_help_lists_every_command():
         (["tasks", "--config", TINY, "--config.nosection.x=3"], "nosection"),
         (["tasks", "--config", TINY, "--config.sft.steps=many"], "sft.steps"),
         (["tasks", "--config", TINY, "--config.model.tie_word_embeddings=maybe"], "model.tie_word_embeddings"),
+        # raised inside a command (UserError), through `python -m mpa_jax.cli`
+        (["export", "--config", TINY, "--checkpoint", "/nonexistent/ckpt", "--out", "/tmp/unused"], "/nonexistent/ckpt"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_it(args, needle, tmp_path):

@@ -1,0 +1,148 @@
+"""`mpa oracle --split train --out FILE`: demonstrations from the scripted oracle planner.
+
+Each task of the split is solved by the oracle in the sandbox (`envs.oracle.run_oracle_episode`), and
+the chat is encoded with the chat template (`tokenizer.encode_chat`) into a Trajectory: token ids,
+the assistant-only loss mask, logprobs 0.0 (no behaviour policy), steps, verification, messages and
+provenance planner="oracle". No jax is imported here.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import time
+from typing import Any
+
+from mpa_jax.envs.contract import Trajectory
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--split", default=None, help="task split: train | dev | test, or a task JSONL (default: config.oracle.split)")
+    parser.add_argument("--out", default=None, help="trajectory JSONL to write (default: <workdir>/oracle-<split>.jsonl)")
+    parser.add_argument("--max-tasks", type=int, default=None, help="at most this many tasks (default: config.oracle.max_tasks; 0 = all)")
+
+
+def _seed_for(base: int, task_index: int, variant: int) -> int:
+    # distinct, reproducible episode seeds per (config seed, task, variant)
+    return (base * 1_000_003 + task_index * 97 + variant) % (2**31)
+
+
+def episode_to_trajectory(tok: Any, task: Any, episode: Any, seed: int, vocab_limit: int | None = None) -> Trajectory:
+    """Encode one oracle episode as a Trajectory (token-in/token-out: the template renders the chat once)."""
+    from mpa_jax.tokenizer import encode_chat
+
+    ids, mask = encode_chat(tok, episode.messages, episode.tools)
+    if vocab_limit is not None and ids and max(ids) >= vocab_limit:
+        raise ValueError(f"token id {max(ids)} does not fit config.model.vocab_size={vocab_limit}")
+    n_out = int(sum(mask))
+    return Trajectory(
+        task_id=task.id,
+        tokens=list(ids),
+        loss_mask=list(mask),
+        logprobs=[0.0] * len(ids),
+        steps=list(episode.steps),
+        verification=episode.verification,
+        costs={"output_tokens": float(n_out), "input_tokens": float(len(ids) - n_out),
+               "tool_calls": float(sum(1 for s in episode.steps if s.action.kind == "tool_call"))},
+        provenance={"task": task.id, "env": "sandbox", "planner": "oracle", "weight_version": "", "harness_version": "",
+                    "template": task.template, "domain": task.domain, "category": task.category, "seed": seed},
+        messages=list(episode.messages),
+        finish_reason="stop",
+    )
+
+
+def make_oracle_trajectories(
+    config: Any,
+    workdir: str,
+    split: str | None = None,
+    max_tasks: int | None = None,
+    out: str | None = None,
+    progress: bool = True,
+) -> str:
+    """Run the oracle over a split's tasks and write their Trajectories; returns the JSONL path.
+
+    `config.oracle.variants` episodes per task (differently seeded phrasing and ordering). Prints a summary.
+    """
+    from mpa_jax.envs import load_tasks, make_env, run_oracle_episode
+    from mpa_jax.tokenizer import tokenizer_for_config
+
+    split = split or str(config.oracle.split)
+    max_tasks = int(config.oracle.max_tasks) if max_tasks is None else int(max_tasks)
+    variants = max(1, int(config.oracle.get("variants", 1)))
+    out = out or os.path.join(workdir, f"oracle-{os.path.basename(split).replace('.jsonl', '')}.jsonl")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tok = tokenizer_for_config(config, workdir)
+    vocab = int(config.model.vocab_size)
+    if tok.vocab_size > vocab:
+        raise ValueError(f"the tokenizer has {tok.vocab_size} ids but config.model.vocab_size is {vocab}")
+    tasks = load_tasks(split, seed=int(config.tasks.seed), per_template=int(config.tasks.per_template))
+    if max_tasks > 0:
+        tasks = tasks[:max_tasks]
+    if not tasks:
+        raise ValueError(f"split {split!r} has no tasks")
+
+    env = make_env("sandbox")
+    stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    total = collections.Counter()
+    t0 = time.perf_counter()
+    tmp = out + ".tmp"
+    bar = _bar(progress, len(tasks) * variants)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for i, task in enumerate(tasks):
+                for v in range(variants):
+                    seed = _seed_for(int(config.seed), i, v)
+                    episode = run_oracle_episode(env, task, seed=seed)
+                    traj = episode_to_trajectory(tok, task, episode, seed, vocab)
+                    f.write(traj.to_json() + "\n")
+                    ok = bool(traj.verification and traj.verification.success)
+                    for key in (task.category, "all"):
+                        stats[key].update(episodes=1, success=int(ok), tokens=len(traj.tokens), loss_tokens=int(sum(traj.loss_mask)),
+                                          tool_calls=int(traj.costs["tool_calls"]))
+                    total.update(episodes=1)
+                    if bar is not None:
+                        bar[0].update(bar[1], advance=1)
+        os.replace(tmp, out)  # a partial file is never mistaken for the result
+    finally:
+        if bar is not None:
+            bar[0].stop()
+        close = getattr(env, "close", None)
+        if close:
+            close()
+    _print_summary(out, stats, time.perf_counter() - t0)
+    return out
+
+
+def _bar(enabled: bool, total: int):
+    if not enabled:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    p = Progress(TextColumn("oracle"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    p.start()
+    return p, p.add_task("oracle", total=total)
+
+
+def _print_summary(out: str, stats: dict[str, collections.Counter], seconds: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"oracle trajectories -> {out} ({seconds:.1f} s)")
+    for col in ("category", "episodes", "success", "mean tokens", "mean loss tokens", "mean tool calls"):
+        table.add_column(col, justify="right" if col != "category" else "left")
+    for key in sorted(stats, key=lambda k: (k == "all", k)):
+        s = stats[key]
+        n = max(s["episodes"], 1)
+        table.add_row(key, str(s["episodes"]), f"{100.0 * s['success'] / n:.1f}%", f"{s['tokens'] / n:.0f}",
+                      f"{s['loss_tokens'] / n:.0f}", f"{s['tool_calls'] / n:.1f}")
+    Console().print(table)
+
+
+def run(args: argparse.Namespace, config: Any) -> int:
+    from mpa_jax.cli import UserError
+
+    try:
+        make_oracle_trajectories(config, args.workdir, args.split, args.max_tasks, args.out)
+    except ValueError as e:  # ContractError, tokenizer/vocab mismatch, empty split
+        raise UserError(str(e)) from None
+    return 0

@@ -1,0 +1,69 @@
+"""`mpa sft --config configs/...`: the supervised planning cold start (see `mpa_jax.sft`)."""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default=None, help="trajectory JSONL (default: config.sft.data; empty = make oracle trajectories first)")
+    parser.add_argument("--export", action="store_true", help="also write the final model as a Hugging Face directory <workdir>/hf")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (the schedule keeps config.sft.steps)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="multi-host: call jax.distributed.initialize() (auto-detected on TPU pods, SLURM, Open MPI; "
+                             "else give --coordinator/--num-processes/--process-id); run the same command on every host")
+    parser.add_argument("--coordinator", default=None, help="host:port of process 0 (with --distributed)")
+    parser.add_argument("--num-processes", type=int, default=None, help="number of processes (with --distributed)")
+    parser.add_argument("--process-id", type=int, default=None, help="this process' index (with --distributed)")
+
+
+def init_distributed(args: argparse.Namespace) -> None:
+    """`jax.distributed.initialize` from the flags (None lets jax auto-detect the cluster)."""
+    if not args.distributed:
+        return
+    import jax
+
+    # CPU collectives across processes (only used when the platform is CPU; must precede initialize)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
+
+
+def run(args: argparse.Namespace, config: Any) -> int:
+    from mpa_jax.cli import UserError
+
+    data = args.data or str(config.sft.data or "")
+    if not data and args.distributed:
+        raise UserError("a multi-host run needs --data (make the trajectories once with `mpa oracle` first)")
+    if not data:
+        # no data given: make the oracle demonstrations the config describes, into the run directory
+        from mpa_jax.commands.oracle import make_oracle_trajectories
+
+        try:
+            data = make_oracle_trajectories(config, args.workdir)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    elif not os.path.isfile(data):
+        raise UserError(f"SFT data file not found: {data}")
+
+    init_distributed(args)
+    from mpa_jax.sft import DataError, run_sft
+    from mpa_jax.train import CheckpointError
+
+    try:
+        result = run_sft(config, args.workdir, data, export=args.export or None, max_steps=args.max_steps)
+    except (DataError, CheckpointError, ValueError) as e:  # bad data, checkpoint or config value: one line
+        raise UserError(str(e)) from None
+    import jax
+
+    if jax.process_index() == 0:
+        from rich.console import Console
+
+        c = Console()
+        c.print(f"steps {result.steps}" + (f" (resumed from {result.resumed_from})" if result.resumed_from is not None else ""))
+        c.print(f"train loss {result.train_loss:.4f}   unigram baseline {result.unigram_loss:.4f}"
+                + (f"   held-out loss {result.eval_loss:.4f}" if result.eval_loss is not None else ""))
+        c.print(f"checkpoints {result.checkpoint_dir}   metrics {result.metrics_path}")
+        if result.export_dir:
+            c.print(f"exported Hugging Face model {result.export_dir}")
+    return 0

@@ -1,0 +1,357 @@
+"""`run_sft`: the supervised planning cold start, from a config and a Trajectory file.
+
+Mesh from `config.mesh`, parameters sharded by `config.sharding_rules`, batch rows over the
+data-parallel axes. One jitted step per optimizer update (micro-batches accumulated inside it).
+Checkpoints (params, optimizer, step, rng and the data position) every `config.checkpoint.every` steps;
+a run whose directory already holds a checkpoint resumes from the latest complete one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import time
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from mpa_jax import models, sharding
+from mpa_jax.sft import data as sft_data
+from mpa_jax.sft.loss import make_sft_loss
+from mpa_jax.train import checkpoint as ckpt
+from mpa_jax.train import metrics as mlib
+from mpa_jax.train import optimizer as optlib
+from mpa_jax.train import state as statelib
+from mpa_jax.train import step as steplib
+
+
+@dataclasses.dataclass
+class SFTResult:
+    """What a finished SFT run produced."""
+
+    steps: int  # optimizer steps done in total (including those before a resume)
+    final_metrics: dict[str, Any]  # the last logged train record
+    train_loss: float  # token-weighted loss over the last `log_every` steps
+    eval_loss: float | None  # held-out loss at the end (None without held-out data)
+    unigram_loss: float  # loss of the best unigram model of the training targets: the baseline to beat
+    checkpoint_dir: str
+    metrics_path: str
+    export_dir: str | None = None
+    resumed_from: int | None = None
+    losses: list[float] = dataclasses.field(default_factory=list)  # per logged step, this process' run only
+    local_rows: list[int] = dataclasses.field(default_factory=list)  # batch rows (data streams) this process read
+
+
+def unigram_loss(data: sft_data.SFTData, vocab_size: int) -> float:
+    """Cross-entropy of the best unigram model on the (local) training targets: -sum p log p."""
+    counts = np.zeros(vocab_size, np.float64)
+    for stream in data.train.streams.values():
+        for ex in stream.examples:
+            np.add.at(counts, ex.tokens[1:][ex.mask[1:] > 0], 1.0)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def _global_batch(rows: Mapping[int, Mapping[str, np.ndarray]], shard: NamedSharding, num_rows: int, seq_len: int) -> dict[str, jax.Array]:
+    """Assemble the global [B, T] arrays from the rows this process holds."""
+    out = {}
+    for key in sft_data.FIELDS:
+
+        def cb(index, key=key):
+            ids = range(*index[0].indices(num_rows))
+            return np.stack([rows[r][key] for r in ids])[:, index[1]]
+
+        out[key] = jax.make_array_from_callback((num_rows, seq_len), shard, cb)
+    return out
+
+
+def _positions_array(positions: Mapping[int, tuple[int, int]], shard: NamedSharding, num_rows: int) -> jax.Array:
+    def cb(index):
+        ids = range(*index[0].indices(num_rows))
+        return np.asarray([positions[r] for r in ids], np.int32).reshape(-1, 2)[:, index[1]]
+
+    return jax.make_array_from_callback((num_rows, 2), shard, cb)
+
+
+def _local_rows(shard: NamedSharding, num_rows: int, seq_len: int) -> list[int]:
+    rows: set[int] = set()
+    for index in shard.addressable_devices_indices_map((num_rows, seq_len)).values():
+        rows.update(range(*index[0].indices(num_rows)))
+    return sorted(rows)
+
+
+def _model_and_params_source(config: Any) -> tuple[models.ModelConfig, str]:
+    """The model config (from config.model, or the HF dir in config.model.init_from) and that dir."""
+    init_from = str(config.model.get("init_from", "") or "")
+    if init_from:
+        import json
+
+        path = os.path.join(init_from, "config.json")
+        if not os.path.isfile(path):
+            raise ValueError(f"config.model.init_from={init_from} has no config.json")
+        with open(path, encoding="utf-8") as f:
+            hf = json.load(f)
+        cfg = models.ModelConfig.from_hf(
+            hf, param_dtype=config.model.param_dtype, compute_dtype=config.model.compute_dtype, remat=config.model.remat
+        )
+        return cfg, init_from
+    return models.config_from_ml(config.model), ""
+
+
+def _window_mean(window: list[Mapping[str, jax.Array]]) -> dict[str, float]:
+    """Metrics over the steps since the last log: token-weighted loss, mean grad norm, last lr."""
+    host = [{k: float(v) for k, v in jax.device_get(dict(m)).items()} for m in window]
+    loss_sum = sum(h["loss_sum"] for h in host)
+    tokens = sum(h["tokens"] for h in host)
+    return {
+        "loss": loss_sum / max(tokens, 1.0),
+        "loss_sum": loss_sum,
+        "tokens": tokens,
+        "grad_norm": sum(h["grad_norm"] for h in host) / len(host),
+        "lr": host[-1]["lr"],
+        "steps_in_window": float(len(host)),
+    }
+
+
+def run_sft(
+    config: Any,
+    workdir: str,
+    data_path: str | None = None,
+    *,
+    export: bool | None = None,
+    max_steps: int | None = None,
+    on_save_started: Callable[[int], None] | None = None,
+    on_eval: Callable[[int, Any], Mapping[str, float]] | None = None,
+    progress: bool = True,
+) -> SFTResult:
+    """Train `config.model` on the Trajectory file `data_path` (default `config.sft.data`) into `workdir`.
+
+    Resumes from `<workdir>/checkpoints` when it holds a checkpoint. `max_steps` stops early (the
+    schedule still follows `config.sft.steps`); `on_save_started(step)` is called when an async save
+    has been started (tests use it to kill a run mid-save). `on_eval(step, params)` runs at every eval
+    point and at the end and returns extra metrics logged under `eval/` (e.g. task success on a dev
+    split through the agent loop). With `export` (default
+    `config.sft.export`), the final parameters are also written as a Hugging Face directory
+    `<workdir>/hf`.
+    """
+    sft = config.sft
+    data_path = data_path or str(sft.data or "")
+    if not data_path:
+        raise ValueError("no SFT data: pass a trajectory file (config.sft.data)")
+    total_steps = int(sft.steps)
+    stop_at = total_steps if max_steps is None else min(int(max_steps), total_steps)
+    export = bool(sft.get("export", False)) if export is None else export
+    num_rows, seq_len, micro = int(sft.batch_size), int(sft.seq_len), int(sft.micro_batches)
+    if micro <= 0 or num_rows % micro:
+        raise ValueError(f"sft.batch_size={num_rows} must be a positive multiple of sft.micro_batches={micro}")
+    is_main = jax.process_index() == 0
+
+    cfg, init_from = _model_and_params_source(config)
+    rules = sharding.rules_from_config(config)
+    mesh = sharding.make_mesh(config.mesh)
+    row_shard = sharding.batch_sharding(mesh, rules, 2)
+    dp = math.prod(mesh.shape[a] for a in _spec_axes(row_shard))
+    if (num_rows // micro) % dp:
+        raise ValueError(
+            f"sft.batch_size={num_rows} / sft.micro_batches={micro} rows do not divide over the mesh's {dp}"
+            f" data-parallel devices ({sharding.describe(mesh)})"
+        )
+
+    data = sft_data.load_sft_data(
+        data_path,
+        seq_len=seq_len,
+        num_rows=num_rows,
+        local_rows=_local_rows(row_shard, num_rows, seq_len),
+        seed=int(config.seed),
+        eval_fraction=float(sft.get("eval_fraction", 0.0)),
+        only_success=bool(sft.get("only_success", False)),
+    )
+    optimizer, schedule = optlib.optimizer_from_config(sft)
+    p_shardings = sharding.param_shardings(cfg, mesh, rules)
+    family = models.registry.family_module(cfg.family)
+    params_shape = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
+    st_shardings = statelib.state_shardings(mesh, params_shape, p_shardings, optimizer)
+    batch_sh = {k: row_shard for k in sft_data.FIELDS}
+
+    meta = {
+        "model": cfg.to_hf(),
+        "data": {"fingerprint": data.fingerprint, "seed": int(config.seed), "seq_len": seq_len, "rows": num_rows,
+                 "eval_fraction": float(sft.get("eval_fraction", 0.0)), "only_success": bool(sft.get("only_success", False))},
+    }
+    ck_dir = os.path.join(workdir, "checkpoints")
+    checkpointer = ckpt.Checkpointer(
+        ck_dir, every=int(config.checkpoint.every), keep=int(config.checkpoint.keep),
+        async_save=bool(config.checkpoint.async_save), meta=meta,
+    )
+    try:
+        latest = checkpointer.latest_step()
+        resumed_from = None
+        if latest is not None:
+            abstract = statelib.abstract_state(params_shape, optimizer, st_shardings)
+            abstract_pos = jax.ShapeDtypeStruct((num_rows, 2), jnp.int32, sharding=row_shard)
+            state, pos = checkpointer.restore(latest, abstract, abstract_pos)
+            data.train.set_positions({r: tuple(int(x) for x in v) for r, v in ckpt.local_rows(pos).items()})
+            resumed_from = latest
+        elif init_from:
+            params = models.hf_io.load_params(init_from, cfg, mesh, rules)
+            state = statelib.state_from_params(params, optimizer, int(config.seed), st_shardings)
+        else:
+            state = statelib.create_sharded_state(lambda r: family.init_params(cfg, r), optimizer, int(config.seed), st_shardings)
+
+        step_fn, eval_fn = _compiled_fns(cfg, int(config.model.get("logprob_chunk", 1024)), _opt_key(sft), micro, mesh, rules)
+        eval_batches = [_global_batch(b, row_shard, num_rows, seq_len) for b in data.eval_batches(int(sft.eval_batches))] if data.has_eval else []
+
+        def evaluate(params: Any) -> float | None:
+            if not eval_batches:
+                return None
+            tot, cnt = 0.0, 0.0
+            for b in eval_batches:
+                s, c = eval_fn(params, b)
+                tot, cnt = tot + float(s), cnt + float(c)
+            return tot / max(cnt, 1.0)
+
+        writer = mlib.MetricsWriter(workdir)
+        n_params = statelib.param_count(params_shape)
+        flops_tok = mlib.train_flops_per_token(n_params, cfg.num_hidden_layers, seq_len, cfg.num_attention_heads * cfg.head_dim)
+        peak = mlib.peak_flops_per_device(override=float(sft.get("peak_flops", 0.0)))
+        baseline = unigram_loss(data, cfg.vocab_size)
+        if is_main and resumed_from is None:
+            writer.write(0, {"unigram_loss": baseline, "params": float(n_params), "train_examples": float(data.stats.train_lines),
+                             "truncated": float(data.stats.truncated), "dropped": float(data.stats.dropped_infra + data.stats.dropped_failed + data.stats.dropped_no_loss)},
+                         prefix="data/")
+
+        start = int(jax.device_get(state.step))
+        log_every, eval_every = max(1, int(sft.log_every)), int(sft.eval_every)
+        last: dict[str, Any] = {}
+        losses: list[float] = []
+        window_tokens, window_t0 = 0.0, time.perf_counter()
+        window: list[Mapping[str, jax.Array]] = []
+        bar = _progress(progress and is_main, start, stop_at)
+        try:
+            for step in range(start, stop_at):
+                rows = data.train.next_local()
+                batch = _global_batch(rows, row_shard, num_rows, seq_len)
+                real = sum(int((r["segment_ids"] > 0).sum()) for r in rows.values()) * jax.process_count()
+                state, m = step_fn(state, batch)
+                window.append(m)  # device arrays: no host sync until the log step
+                window_tokens += real
+                done = step + 1
+                if done % log_every == 0 or done == stop_at:
+                    vals = _window_mean(window)
+                    window = []
+                    elapsed = max(time.perf_counter() - window_t0, 1e-9)
+                    tps = window_tokens / elapsed
+                    vals.update(tokens_per_s=tps, mfu=mlib.mfu(tps, flops_tok, jax.device_count(), peak))
+                    window_tokens, window_t0 = 0.0, time.perf_counter()
+                    writer.write(done, vals, prefix="train/")
+                    last = {"step": done, **vals}
+                    losses.append(vals["loss"])
+                    if bar is not None:
+                        bar.update(done, vals["loss"])
+                if eval_every > 0 and done % eval_every == 0 and done != stop_at:
+                    ev = evaluate(state.params)
+                    extra = dict(on_eval(done, state.params)) if on_eval is not None else {}
+                    if ev is not None or extra:
+                        writer.write(done, {**({"loss": ev} if ev is not None else {}), **extra}, prefix="eval/")
+                final = done == stop_at
+                if checkpointer.due(done, force=final):
+                    if checkpointer.save(done, state, _positions_array(data.train.positions(), row_shard, num_rows), force=final):
+                        if on_save_started is not None:
+                            on_save_started(done)
+            eval_loss = evaluate(state.params)
+            extra = dict(on_eval(stop_at, state.params)) if on_eval is not None else {}
+            if eval_loss is not None or extra:
+                writer.write(stop_at, {**({"loss": eval_loss} if eval_loss is not None else {}), **extra}, prefix="eval/")
+            checkpointer.wait()
+        finally:
+            if bar is not None:
+                bar.close()
+            writer.close()
+    finally:
+        checkpointer.close()  # also on errors: no orbax threads left behind
+
+    export_dir = None
+    if export:
+        from mpa_jax.export import export_checkpoint
+
+        export_dir = export_checkpoint(ck_dir, os.path.join(workdir, "hf"), dtype=str(sft.get("export_dtype", "bfloat16")),
+                                       tokenizer_dir=_tokenizer_dir(config, workdir))
+    return SFTResult(
+        steps=stop_at,
+        final_metrics=last,
+        train_loss=float(last["loss"]) if last else float("nan"),
+        eval_loss=eval_loss,
+        unigram_loss=baseline,
+        checkpoint_dir=ck_dir,
+        metrics_path=writer.path,
+        export_dir=export_dir,
+        resumed_from=resumed_from,
+        losses=losses,
+        local_rows=sorted(data.train.streams),
+    )
+
+
+def _opt_key(sft: Any) -> tuple:
+    """The optimizer settings as a hashable key (what `optimizer_from_config` reads)."""
+    return tuple((k, sft.get(k, None)) for k in ("lr", "warmup_steps", "steps", "weight_decay", "clip_norm", "b1", "b2", "lr_end_ratio"))
+
+
+@functools.lru_cache(maxsize=4)
+def _compiled_fns(cfg: models.ModelConfig, chunk: int, opt_key: tuple, micro: int, mesh: Any, rules: tuple) -> tuple[Callable, Callable]:
+    """The jitted train and eval steps for one (model, optimizer, mesh) setting.
+
+    Cached so that runs repeated in one process (resume, tests, the demo) reuse the compiled executables
+    instead of tracing and compiling identical functions again. Everything in the key is hashable and
+    the functions are pure, so sharing them is safe.
+    """
+    import ml_collections
+
+    optimizer, schedule = optlib.optimizer_from_config(ml_collections.ConfigDict({k: v for k, v in opt_key if v is not None}))
+    family = models.registry.family_module(cfg.family)
+    params_shape = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
+    p_shardings = sharding.param_shardings(cfg, mesh, rules)
+    st_shardings = statelib.state_shardings(mesh, params_shape, p_shardings, optimizer)
+    row_shard = sharding.batch_sharding(mesh, rules, 2)
+    batch_sh = {k: row_shard for k in sft_data.FIELDS}
+    loss_fn = make_sft_loss(cfg, chunk)
+    step_fn = steplib.make_train_step(loss_fn, optimizer, st_shardings, batch_sh, schedule=schedule, micro_batches=micro)
+    return step_fn, steplib.make_eval_step(loss_fn, p_shardings, batch_sh)
+
+
+def _spec_axes(shard: NamedSharding) -> tuple[str, ...]:
+    first = shard.spec[0] if len(shard.spec) else None
+    if first is None:
+        return ()
+    return (first,) if isinstance(first, str) else tuple(first)
+
+
+def _tokenizer_dir(config: Any, workdir: str) -> str | None:
+    """The tokenizer directory to ship with an export: config.tokenizer.path, else <workdir>/tokenizer."""
+    for cand in (str(config.tokenizer.get("path", "") or ""), os.path.join(workdir, "tokenizer")):
+        if cand and os.path.isdir(cand):
+            return cand
+    return None
+
+
+class _Bar:
+    def __init__(self, start: int, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._p = Progress(TextColumn("sft"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
+                           TimeRemainingColumn(), transient=False)
+        self._p.start()
+        self._task = self._p.add_task("sft", total=total, completed=start, loss="-")
+
+    def update(self, step: int, loss: float) -> None:
+        self._p.update(self._task, completed=step, loss=f"{loss:.4f}")
+
+    def close(self) -> None:
+        self._p.stop()
+
+
+def _progress(enabled: bool, start: int, total: int) -> _Bar | None:
+    return _Bar(start, total) if enabled else None
