@@ -45,7 +45,9 @@ def test_generate_over_http_equals_the_engine(setup):
         want = ref.generate(prompts, sp, seeds=[1, 2, 3])
         for g, w in zip(got, want):
             assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
-            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-6)
+            # request_batch=2 splits the 3 prompts into batches of 2 + 1: other batch shapes reorder float32
+            # reductions, so log-probs agree to ~1e-6, not bit for bit.
+            assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
             assert g.weight_version == "a" and g.prompt_tokens == len(prompts[got.index(g)])
     assert client.device_s > 0
 
