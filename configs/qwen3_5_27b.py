@@ -3,21 +3,15 @@ config's settings; set model.init_from to an HF directory to load the released w
 
 `python configs/qwen3_5_27b.py` prints the abstract build: parameter counts and per-device bytes.
 """
-import importlib.util
 import os
 
 import ml_collections
 
-
-def _tiny() -> ml_collections.ConfigDict:
-    spec = importlib.util.spec_from_file_location("_mpa_tiny_config", os.path.join(os.path.dirname(__file__), "tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+from mpa_jax.config import load_config_file
 
 
 def get_config() -> ml_collections.ConfigDict:
-    c = _tiny()
+    c = load_config_file(os.path.join(os.path.dirname(__file__), "tiny.py"))
     c.name = "qwen3_5_27b"
     m = c.model
     m.family = "qwen3_5"
