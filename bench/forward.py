@@ -1,10 +1,11 @@
 """Forward+backward tokens/s of our Qwen3 vs transformers (torch, eager) on the same config and batch.
 
 Both compute next-token cross-entropy from full logits and its gradient with respect to every
-parameter (no optimizer step), on the same weights, using all CPU cores. Prints both figures and the
-ratio (ours / torch; > 1 means faster than torch eager).
+parameter (no optimizer step), on the same weights (the two losses must agree), using all CPU cores or
+one (--threads 1). Prints both figures and the ratio (ours / torch; > 1 means faster than torch eager);
+--profile adds our step's XLA ops by kind.
 
-    .venv/bin/python bench/forward.py [--hidden 256 --layers 4 --vocab 4096 --batch 8 --seq 512]
+    taskset -c 1 .venv/bin/python bench/forward.py --steps 3 --threads 1 [--torch-attn eager] [--profile]
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def main() -> None:
     ap.add_argument("--clock", default="wall", choices=("wall", "cpu"),
                     help="cpu: process CPU time (steadier on a shared machine; use with --threads 1)")
     ap.add_argument("--torch-attn", default="sdpa", help="transformers attn_implementation (sdpa | eager)")
+    ap.add_argument("--profile", action="store_true", help="also print our step's XLA ops by kind (ms per step)")
     args = ap.parse_args()
     threads = args.threads or os.cpu_count() or 1
     if args.threads == 1:
@@ -75,25 +77,34 @@ def main() -> None:
     t_in = torch.as_tensor(ids[:, :-1])
     t_lab = torch.as_tensor(ids[:, 1:])
 
-    def torch_step() -> None:
+    def torch_step() -> float:
         hf.zero_grad(set_to_none=True)
         logits = hf(input_ids=t_in).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab).float(), t_lab.reshape(-1))
         loss.backward()
+        return float(loss.detach())
 
     # --- ours (jit) ---
     j_in = jnp.asarray(ids[:, :-1], jnp.int32)
     j_lab = jnp.asarray(ids[:, 1:], jnp.int32)
 
     def loss_fn(p):
+        # Cross-entropy as logsumexp - target logit (what torch's cross_entropy computes): the
+        # gradient is softmax - onehot without materialising the [B, T, V] log-softmax.
         logits = models.forward(cfg, p, j_in)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, j_lab[..., None], axis=-1))
+        picked = jnp.take_along_axis(logits, j_lab[..., None], axis=-1)[..., 0]
+        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
 
     step = jax.jit(jax.value_and_grad(loss_fn))
 
-    def jax_step() -> None:
-        jax.block_until_ready(step(params))
+    def jax_step() -> float:
+        loss, grads = jax.block_until_ready(step(params))
+        return float(loss)
+
+    # Same work on both sides: the losses must agree.
+    loss_torch, loss_jax = torch_step(), jax_step()
+    if abs(loss_torch - loss_jax) > 1e-4 * abs(loss_torch):
+        raise SystemExit(f"losses differ: torch {loss_torch} vs ours {loss_jax}")
 
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
@@ -116,9 +127,43 @@ def main() -> None:
         f"mlp={args.intermediate} vocab={args.vocab} batch={args.batch}x{args.seq} remat={args.remat} "
         f"threads={threads} clock={args.clock} jax={jax.__version__} torch={torch.__version__}"
     )
+    print(f"loss torch {loss_torch:.6f} ours {loss_jax:.6f}")
     print(f"torch eager ({args.torch_attn}) fwd+bwd: {tokens / t_torch:,.0f} tokens/s ({t_torch * 1e3:.0f} ms/step)")
     print(f"mpa_jax (jit)        fwd+bwd: {tokens / t_jax:,.0f} tokens/s ({t_jax * 1e3:.0f} ms/step)")
     print(f"ratio ours/torch: {t_torch / t_jax:.2f}x")
+    if args.profile:
+        print_op_profile(lambda: step(params))
+
+
+def print_op_profile(fn, steps: int = 2) -> None:
+    """Per-op time of `fn`'s XLA program, summed by fusion kind (name without its .N suffix)."""
+    import collections
+    import glob
+    import gzip
+    import json
+    import re
+
+    import jax
+
+    jax.block_until_ready(fn())
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(steps):
+                jax.block_until_ready(fn())
+        (path,) = glob.glob(f"{d}/**/*.trace.json.gz", recursive=True)
+        events = json.load(gzip.open(path))["traceEvents"]
+    by_kind: collections.Counter = collections.Counter()
+    by_op: collections.Counter = collections.Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") != "X" or name.startswith(("$", "ThunkExecutor", "end:", "Pjit", "Common", "Thread")):
+            continue
+        by_kind[re.sub(r"\.\d+$", "", name)] += e.get("dur", 0)
+        by_op[name] += e.get("dur", 0)
+    print(f"our step by XLA op kind (ms per step, total {sum(by_kind.values()) / steps / 1e3:.0f}):")
+    for kind, us in by_kind.most_common(12):
+        print(f"  {us / steps / 1e3:8.1f}  {kind}")
+    print("  largest single ops: " + ", ".join(f"{n} {us / steps / 1e3:.0f}" for n, us in by_op.most_common(6)))
 
 
 if __name__ == "__main__":

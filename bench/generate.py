@@ -2,7 +2,8 @@
 
 Same tiny random Qwen3 weights on both sides (the `configs/tiny.py` model), batch 8, prompt 64,
 128 new tokens, greedy and sampled (temperature 1), no stop tokens so both produce every token.
-Prints new tokens/s of each and the ratio. Usage: `python bench/generate.py [--batch 8] [--prompt 64] [--new 128]`.
+Prints new tokens/s of each and the ratio. Usage: `python bench/generate.py [--batch 8] [--prompt 64] [--new 128]`;
+prefix `taskset -c 1` to give both sides the same single core on a shared machine (docs/perf.md).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Building blocks shared by the model families: pure functions over arrays (no module state)."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -45,11 +46,41 @@ def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """Rotate x [B, T, heads, head_dim] by tables [B, T, head_dim]; result in x.dtype."""
+    return _rope(x, cos, sin)
+
+
+def _rotate_half(x: jax.Array) -> jax.Array:
     half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def _rope_plain(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     c = cos[:, :, None, :].astype(x.dtype)
     s = sin[:, :, None, :].astype(x.dtype)
-    return x * c + rotated * s
+    return x * c + _rotate_half(x) * s
+
+
+# The rotation is orthogonal, so its input gradient is the rotation by -angle: one elementwise pass.
+# Plain autodiff of the concatenate gave pads + adds over [B, T, heads, head_dim] (slow on CPU).
+_rope = jax.custom_vjp(_rope_plain)
+
+
+def _rope_fwd(x, cos, sin):
+    return _rope_plain(x, cos, sin), (x, cos, sin)
+
+
+def _rope_bwd(res, g):
+    x, cos, sin = res
+    # y = x*c + R(x)*s with R^T = -R:  dx = g*c - R(g*s).
+    c = cos[:, :, None, :].astype(g.dtype)
+    s = sin[:, :, None, :].astype(g.dtype)
+    dx = g * c - _rotate_half(g * s)
+    dcos = jnp.sum((g * x).astype(jnp.float32), axis=2).astype(cos.dtype)
+    dsin = jnp.sum((g * _rotate_half(x)).astype(jnp.float32), axis=2).astype(sin.dtype)
+    return dx, dcos, dsin
+
+
+_rope.defvjp(_rope_fwd, _rope_bwd)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
@@ -66,18 +97,97 @@ def causal_attention(
 ) -> jax.Array:
     """Self-attention whose `mask` is causal (a subset of it): skips the blocks above the diagonal.
 
-    On CPU, query block i only meets keys [0, (i+1)*block): about (n+1)/2n of the work of the full
-    T x T product for n blocks, which also shrinks the elementwise softmax passes that dominate
-    there (-15% fwd+bwd step time at T=512). Elsewhere (GPU/TPU) one fused call is better.
+    Same arguments and result as `attention`. On CPU this runs `_blocked_attention`: query block i
+    only meets keys [0, (i+1)*block), in a head-major layout with a hand-written backward pass.
+    Elsewhere (GPU/TPU) one fused `jax.nn.dot_product_attention` call is better.
     """
-    t = q.shape[1]
-    if jax.default_backend() != "cpu" or k.shape[1] != t or t % block or t < 2 * block:
+    if jax.default_backend() != "cpu" or k.shape[1] != q.shape[1]:
         return attention(q, k, v, mask, scale)
+    return _blocked_attention(q, k, v, mask, scale, block)
+
+
+def _blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, block: int) -> jax.Array:
+    """Causal GQA attention in query blocks over a head-major layout (CPU).
+
+    Why this layout: XLA:CPU's batched dots want [batch..., rows, cols] operands. Putting the query
+    group next to the query position ([B, K, T*G, H], row = t*G + g) makes every block a contiguous
+    [B, K, block*G, H] slab with one transpose per tensor per layer, instead of the per-block
+    transposes and copies the einsum over [B, T, N, H] paid (they were ~40% of attention time).
+    """
+    b, t, n, h = q.shape
+    kv = k.shape[2]
+    g = n // kv
+    bs = min(block, t)
+    nb = -(-t // bs)
+    tp = nb * bs
+    mask = jnp.broadcast_to(mask, (mask.shape[0], 1, t, t))
+    if tp != t:  # pad the query rows (and their mask rows, all False) to whole blocks
+        q = jnp.pad(q, ((0, 0), (0, tp - t), (0, 0), (0, 0)))
+        mask = jnp.pad(mask, ((0, 0), (0, 0), (0, tp - t), (0, 0)))
+    # [B, T, K, G, H] -> [nb, B, K, bs*G, H]: block-major so each query block is contiguous.
+    qb = q.reshape(b, nb, bs, kv, g, h).transpose(1, 0, 3, 2, 4, 5).reshape(nb, b, kv, bs * g, h)
+    kh = k.transpose(0, 2, 1, 3)  # [B, K, S, H]
+    vh = v.transpose(0, 2, 1, 3)
     outs = []
-    for i in range(t // block):
-        end = (i + 1) * block
-        outs.append(attention(q[:, i * block : end], k[:, :end], v[:, :end], mask[:, :, i * block : end, :end], scale))
-    return jnp.concatenate(outs, axis=1)
+    for i in range(nb):
+        end = min((i + 1) * bs, t)
+        m_i = mask[:, :, i * bs : (i + 1) * bs, :end]
+        outs.append(_attend(qb[i], kh[:, :, :end], vh[:, :, :end], m_i, scale))
+    o = jnp.stack(outs)  # [nb, B, K, bs*G, H]
+    o = o.reshape(nb, b, kv, bs, g, h).transpose(1, 0, 3, 2, 4, 5).reshape(b, tp, n, h)
+    return o[:, :t]
+
+
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Attention of new queries q [B, T, N, H] over a head-major cache k/v [B, K, S, H].
+
+    `mask` bool [B or 1, 1, T, S]; result [B, T, N, H] as `attention`. Only the T query rows are
+    transposed (the cache is read in place).
+    """
+    b, t, n, h = q.shape
+    kv = k.shape[1]
+    g = n // kv
+    qh = q.reshape(b, t, kv, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv, t * g, h)
+    o = _attend_fwd(qh, k, v, mask, scale)[0]
+    return o.reshape(b, kv, t, g, h).transpose(0, 2, 1, 3, 4).reshape(b, t, n, h)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Softmax attention of one head-major block: q [B, K, M=rows*G, H], k/v [B, K, S, H],
+    mask bool [B or 1, 1, rows, S] (rows broadcast over the G query heads of a key head)."""
+    return _attend_fwd(q, k, v, mask, scale)[0]
+
+
+def _attend_fwd(q, k, v, mask, scale):
+    b, kv, m, h = q.shape
+    rows, s_len = mask.shape[2], k.shape[2]
+    q = q * jnp.asarray(scale, q.dtype)  # scale the small operand, not the [M, S] scores
+    s = jnp.einsum("bkmh,bksh->bkms", q, k, preferred_element_type=jnp.float32)
+    s = s.reshape(b, kv, rows, m // rows, s_len)
+    # A large finite fill: fully masked (padding) rows become a uniform average, never NaN.
+    s = jnp.where(mask[:, :, :, None, :], s, jnp.float32(-1e30)).reshape(b, kv, m, s_len)
+    p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    p = p * (1.0 / jnp.sum(p, axis=-1, keepdims=True))
+    o = jnp.einsum("bkms,bksh->bkmh", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(q.dtype)
+    return o, (q, k, v, p, o)
+
+
+def _attend_bwd(scale, res, do):
+    # Standard softmax-attention gradients from the saved probabilities: dS = P * (dP - rowsum(dO*O)).
+    # q here is the scaled query, so dK = dS^T (scale q) and dQ = scale (dS K).
+    q, k, v, p, o = res
+    f32 = jnp.float32
+    dv = jnp.einsum("bkms,bkmh->bksh", p.astype(do.dtype), do, preferred_element_type=f32).astype(v.dtype)
+    dp = jnp.einsum("bkmh,bksh->bkms", do, v, preferred_element_type=f32)
+    delta = jnp.sum(do.astype(f32) * o.astype(f32), axis=-1, keepdims=True)
+    ds = (p * (dp - delta)).astype(q.dtype)
+    dq = (jnp.einsum("bkms,bksh->bkmh", ds, k, preferred_element_type=f32) * scale).astype(q.dtype)
+    dk = jnp.einsum("bkms,bkmh->bksh", ds, q, preferred_element_type=f32).astype(k.dtype)
+    return dq, dk, dv, None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)  # _attend_fwd already returns (output, residuals)
 
 
 def swiglu(x: jax.Array, gate: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:

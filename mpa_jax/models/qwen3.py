@@ -104,7 +104,13 @@ def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
 def unembedding(cfg: ModelConfig, params: Params) -> jax.Array:
     """[D, V] output projection (the embedding transposed when tied)."""
     if cfg.tie_word_embeddings:
-        return params["model"]["embed_tokens"]["weight"].T
+        w = params["model"]["embed_tokens"]["weight"].T
+        if jax.default_backend() == "cpu":
+            # Materialise the [D, V] copy: otherwise XLA:CPU folds the transpose into the logits dot and
+            # its gradient becomes dlogits^T h contracting over tokens on both sides, a slow GEMM form
+            # there (~2x the h^T dlogits form). The copy is small next to the [T, V] logits.
+            w = jax.lax.optimization_barrier(w)
+        return w
     return params["lm_head"]["kernel"]
 
 
@@ -135,6 +141,31 @@ def _qkv(cfg: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Arr
     k = layers.rms_norm(proj("k_proj", cfg.num_key_value_heads), p["k_norm"]["weight"], cfg.rms_norm_eps)
     v = proj("v_proj", cfg.num_key_value_heads)
     return layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin), v
+
+
+def _qkv_fused(cfg: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array):
+    """As `_qkv`, with q/k/v as one matmul over the concatenated kernels (decode: fewer tiny dots).
+
+    The concatenation is loop-invariant inside a decode loop, so XLA hoists it out of the loop.
+    """
+    b, t, _ = x.shape
+    hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    names = ("q_proj", "k_proj", "v_proj")
+    y = layers.dense(x, jnp.concatenate([p[n]["kernel"] for n in names], axis=1))
+    if "bias" in p["q_proj"]:
+        y = y + jnp.concatenate([p[n]["bias"] for n in names]).astype(y.dtype)
+    q, k, v = jnp.split(y, [nq * hd, (nq + nkv) * hd], axis=-1)
+    q = layers.rms_norm(q.reshape(b, t, nq, hd), p["q_norm"]["weight"], cfg.rms_norm_eps)
+    k = layers.rms_norm(k.reshape(b, t, nkv, hd), p["k_norm"]["weight"], cfg.rms_norm_eps)
+    return layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin), v.reshape(b, t, nkv, hd)
+
+
+def _mlp_fused(cfg: ModelConfig, p: Params, x: jax.Array) -> jax.Array:
+    """As `_mlp`, with gate and up as one matmul (decode)."""
+    h = layers.rms_norm(x, p["post_attention_layernorm"]["weight"], cfg.rms_norm_eps)
+    m = p["mlp"]
+    gate, up = jnp.split(layers.dense(h, jnp.concatenate([m["gate_proj"]["kernel"], m["up_proj"]["kernel"]], axis=1)), 2, axis=-1)
+    return x + layers.dense(jax.nn.silu(gate) * up, m["down_proj"]["kernel"])
 
 
 def _out(p: Params, attn: jax.Array) -> jax.Array:
@@ -187,9 +218,13 @@ def hidden_states(
 
 # ---- incremental decoding -----------------------------------------------------------------------------
 def init_decode_state(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> dict[str, Any]:
-    """Empty KV cache: per-layer k/v [B, max_len, K, H], kv_mask [B, max_len], index (next slot)."""
+    """Empty KV cache: per-layer k/v [B, K, max_len, H], kv_mask [B, max_len], index (next slot).
+
+    Head-major (slots next to head_dim) so that the attention dots read the cache as it is, with no
+    per-step transpose of the whole cache.
+    """
     dtype = layers.dtype_of(cfg.compute_dtype) if dtype is None else jnp.dtype(dtype)
-    shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+    shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
     return {
         "layers": {
             str(n): {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
@@ -236,13 +271,20 @@ def decode(
         p = params["model"]["layers"][str(n)]
         cache = state["layers"][str(n)]
         h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
-        q, k, v = _qkv(cfg, p["self_attn"], h, cos, sin)
-        ck = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (0, idx, 0, 0))
-        cv = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (0, idx, 0, 0))
+        q, k, v = _qkv_fused(cfg, p["self_attn"], h, cos, sin)
+        # New keys/values go in head-major ([B, K, T, H], a small transpose of T rows only).
+        k_new = k.transpose(0, 2, 1, 3).astype(cache["k"].dtype)
+        v_new = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
+        ck = jax.lax.dynamic_update_slice(cache["k"], k_new, (0, 0, idx, 0))
+        cv = jax.lax.dynamic_update_slice(cache["v"], v_new, (0, 0, idx, 0))
         new_layers[str(n)] = {"k": ck, "v": cv}
-        attn = layers.attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
-        x = _mlp(cfg, p, x + _out(p["self_attn"], attn))
+        attn = layers.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
+        x = _mlp_fused(cfg, p, x + _out(p["self_attn"], attn))
     x = layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
-    w = unembedding(cfg, params).astype(x.dtype)
-    logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    if cfg.tie_word_embeddings:  # read the embedding in place (no per-step transposed copy)
+        table = params["model"]["embed_tokens"]["weight"].astype(x.dtype)
+        logits = jnp.einsum("btd,vd->btv", x, table, preferred_element_type=jnp.float32)
+    else:
+        w = params["lm_head"]["kernel"].astype(x.dtype)
+        logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
     return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}
