@@ -40,6 +40,19 @@ def stratified(tasks: list[Any], n: int) -> list[Any]:
     return out
 
 
+def tool_call_outcomes(path: str) -> dict[str, int]:
+    """Count the tool calls of a rollout file by outcome: "ok" or the Feedback's error code."""
+    from mpa_jax.envs import Trajectory, read_jsonl
+
+    counts: dict[str, int] = {}
+    for traj in read_jsonl(path, Trajectory):
+        for step in traj.steps:
+            if step.action.kind == "tool_call" and step.feedback is not None:
+                key = "ok" if step.feedback.ok else str(step.feedback.error_code.value)
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def _row(summary: dict[str, Any]) -> dict[str, Any]:
     return {
         "success_rate": summary["success_rate"],
@@ -48,6 +61,7 @@ def _row(summary: dict[str, Any]) -> dict[str, Any]:
         "mean_tool_calls": summary["mean_tool_calls"],
         "by_category": {k: v["success_rate"] for k, v in summary["by_category"].items()},
         "by_domain": {k: v["success_rate"] for k, v in summary["by_domain"].items()},
+        "tool_call_outcomes": tool_call_outcomes(summary["out_path"]),
     }
 
 
@@ -116,7 +130,11 @@ def run(args: argparse.Namespace, config: Any) -> int:
         json.dump(report, f, indent=2, sort_keys=True)
     console.rule(f"[bold]held-out success on {len(held_out)} {split} tasks (greedy): untrained vs SFT")
     console.print(format_comparison({"untrained": before, "SFT": after}), highlight=False)
-    for label, s in (("untrained", before), ("SFT", after)):
-        console.print(f"{label:>10}: {s['mean_output_tokens']:.1f} output tokens, {s['mean_tool_calls']:.2f} tool calls per task")
+    for label, row in (("untrained", report["untrained"]), ("SFT", report["sft"])):
+        outcomes = row["tool_call_outcomes"]
+        calls = sum(outcomes.values())
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items(), key=lambda kv: -kv[1]) if k != "ok")
+        console.print(f"{label:>10}: {row['mean_output_tokens']:.1f} output tokens and {row['mean_tool_calls']:.2f} tool calls per task;"
+                      f" {outcomes.get('ok', 0)}/{calls} calls executed" + (f" (errors: {errors})" if errors else ""))
     console.print(f"run directory: {workdir}  ({report['wall_s']:.0f} s)")
     return 0
