@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import jax
+import torch
+import transformers
 
 from mpa_jax import models  # noqa: E402
 from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402
@@ -163,8 +163,7 @@ def test_update_weights_from_params_and_from_directory(ckpt, tmp_path):
 def test_sharded_engine_matches_single_device(ckpt, engine):
     from mpa_jax import sharding
 
-    if jax.device_count() < 4:
-        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count>=4")
+    assert jax.device_count() >= 4, "needs XLA_FLAGS=--xla_force_host_platform_device_count>=4 (tests/conftest.py sets 8)"
     mesh = sharding.make_mesh((2, 1, 2, 1), jax.devices()[:4])
     sharded = JaxEngine.from_pretrained(ckpt, mesh=mesh, max_batch=4)
     prompts = _prompts((6, 15, 10), seed=6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+import jax
 import jax.numpy as jnp  # noqa: E402
 
 from mpa_jax.rollout import sampling  # noqa: E402

@@ -61,3 +61,17 @@ def test_rope_custom_gradient_equals_autodiff_of_the_plain_rotation():
     want = jax.grad(lambda x, c, s: jnp.sum(layers._rope_plain(x, c, s) * w), argnums=(0, 1, 2))(x, cos, sin)
     for name, g, r in zip(("x", "cos", "sin"), got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5, err_msg=f"d{name}")
+
+
+def test_cached_attention_in_query_blocks_equals_one_block():
+    """Long prefills attend in query blocks (bounded memory); the result must not depend on the block."""
+    rng = np.random.default_rng(3)
+    b, t, kv, g, h, slots = 2, 11, 2, 2, 8, 16
+    q = jnp.asarray(rng.normal(size=(b, t, kv * g, h)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(b, kv, slots, h)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(b, kv, slots, h)), jnp.float32)
+    mask = jnp.asarray(rng.random((b, 1, t, slots)) < 0.7).at[..., 0].set(True)
+    whole = layers.cached_attention(q, k, v, mask, 0.3, block=1024)
+    blocked = layers.cached_attention(q, k, v, mask, 0.3, block=4)
+    np.testing.assert_allclose(np.asarray(blocked), np.asarray(whole), rtol=1e-6, atol=1e-6)
+    assert blocked.shape == (b, t, kv * g, h)

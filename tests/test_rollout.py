@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+import jax
 
 from mpa_jax import models  # noqa: E402
 from mpa_jax import tokenizer as tk  # noqa: E402

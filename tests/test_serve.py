@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-pytest.importorskip("fastapi")
+import fastapi  # noqa: F401  (the serve extra; a missing install must fail, not skip)
 
 from mpa_jax import tokenizer as tk  # noqa: E402
 from mpa_jax.rollout.launch import format_command, sglang_launch_command  # noqa: E402

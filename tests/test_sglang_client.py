@@ -8,8 +8,8 @@ import numpy as np
 
 import pytest
 
-pytest.importorskip("jax")
-pytest.importorskip("fastapi")
+import jax  # noqa: F401
+import fastapi  # noqa: F401  (the serve extra; a missing install must fail, not skip)
 
 from mpa_jax import tokenizer as tk  # noqa: E402
 from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402

@@ -138,13 +138,20 @@ def _blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
     return o[:, :t]
 
 
-def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+def cached_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, block: int = 256
+) -> jax.Array:
     """Attention of new queries q [B, T, N, H] over a head-major cache k/v [B, K, S, H].
 
     `mask` bool [B or 1, 1, T, S]; result [B, T, N, H] as `attention`. Only the T query rows are
-    transposed (the cache is read in place).
+    transposed (the cache is read in place). A long prefill runs in query blocks of `block` rows:
+    the float32 scores of a whole prompt against the whole cache ([B, K, T*G, S]) reached tens of GB
+    at batch 32 x 2k-token prompts.
     """
     b, t, n, h = q.shape
+    if t > block:
+        parts = [cached_attention(q[:, i : i + block], k, v, mask[:, :, i : i + block], scale, block) for i in range(0, t, block)]
+        return jnp.concatenate(parts, axis=1)
     kv = k.shape[1]
     g = n // kv
     qh = q.reshape(b, t, kv, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv, t * g, h)
