@@ -15,6 +15,10 @@ def test_stratified_sample_covers_every_domain_and_category_first():
     cells = {(t.domain, t.category) for t in tasks}
     sample = stratified(tasks, len(cells))
     assert {(t.domain, t.category) for t in sample} == cells
+    domains = {d for d, _ in cells}
+    first = stratified(tasks, len(domains))
+    assert {t.domain for t in first} == domains
+    assert len({t.category for t in first}) == len({c for _, c in cells})
     assert len({t.id for t in stratified(tasks, 100)}) == 100
     assert stratified(tasks, 10) == stratified(tasks, 10)
 

@@ -24,12 +24,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def stratified(tasks: list[Any], n: int) -> list[Any]:
-    """`n` tasks spread over (domain, category) cells: round-robin across cells in a fixed order, so a
-    small held-out sample still covers every domain and category (the split's head is one domain)."""
+    """`n` tasks spread over (domain, category) cells, deterministically.
+
+    Cells are visited on a diagonal walk (the k-th visit takes domain k mod D and category
+    (k mod D + k div D) mod C), so any D consecutive picks cover every domain and the categories
+    rotate; then round-robin in depth. The split's head alone would be one domain.
+    """
     cells: dict[tuple[str, str], list[Any]] = {}
     for t in tasks:
         cells.setdefault((t.domain, t.category), []).append(t)
-    order = sorted(cells)
+    domains = sorted({d for d, _ in cells})
+    categories = sorted({c for _, c in cells})
+    nd, nc = len(domains), len(categories)
+    walk = [(domains[k % nd], categories[(k % nd + k // nd) % nc]) for k in range(nd * nc)]
+    order = [cell for cell in walk if cell in cells]
     out: list[Any] = []
     depth = 0
     while len(out) < min(n, len(tasks)):

@@ -139,7 +139,7 @@ def _blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
 
 
 def cached_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, block: int = 256
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, block: int = 128
 ) -> jax.Array:
     """Attention of new queries q [B, T, N, H] over a head-major cache k/v [B, K, S, H].
 
@@ -150,8 +150,14 @@ def cached_attention(
     """
     b, t, n, h = q.shape
     if t > block:
-        parts = [cached_attention(q[:, i : i + block], k, v, mask[:, :, i : i + block], scale, block) for i in range(0, t, block)]
-        return jnp.concatenate(parts, axis=1)
+        # lax.map runs the blocks one after another, so only one block's scores are alive at a time.
+        nb = -(-t // block)
+        pad = nb * block - t
+        mask = jnp.broadcast_to(mask, (b, 1, t, mask.shape[-1]))
+        qb = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, nb, block, n, h).swapaxes(0, 1)
+        mb = jnp.pad(mask, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, 1, nb, block, -1).transpose(2, 0, 1, 3, 4)
+        out = jax.lax.map(lambda qm: cached_attention(qm[0], k, v, qm[1], scale, block), (qb, mb))
+        return out.swapaxes(0, 1).reshape(b, nb * block, n, h)[:, :t]
     kv = k.shape[1]
     g = n // kv
     qh = q.reshape(b, t, kv, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv, t * g, h)
