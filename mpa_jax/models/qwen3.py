@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mpa_jax.models import layers
+from mpa_jax.models import layers, specs
 from mpa_jax.models.config import ModelConfig
 from mpa_jax.models.hf_io import TensorMap
 
@@ -62,31 +62,17 @@ def _shapes(cfg: ModelConfig) -> dict[str, Any]:
             "down_proj": lin(i, d, ("mlp", "embed")),
         },
     }
-    tree: dict[str, Any] = {
-        "model": {
-            "embed_tokens": {"weight": ((cfg.vocab_size, d), ("vocab", "embed"), "normal")},
-            "layers": {str(n): layer for n in range(cfg.num_hidden_layers)},
-            "norm": norm(d),
-        }
-    }
-    if not cfg.tie_word_embeddings:
-        tree["lm_head"] = {"kernel": ((d, cfg.vocab_size), ("embed", "vocab"), "normal")}
-    return tree
-
-
-def _is_spec(x: Any) -> bool:
-    return isinstance(x, tuple) and len(x) == 3 and isinstance(x[2], str)
+    return specs.decoder_tree(cfg, {str(n): layer for n in range(cfg.num_hidden_layers)}, norm(d))
 
 
 def param_logical_axes(cfg: ModelConfig) -> Params:
     """Logical axis names per parameter (same tree as init_params)."""
-    return jax.tree.map(lambda s: s[1], _shapes(cfg), is_leaf=_is_spec)
+    return specs.logical_axes(_shapes(cfg))
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
     """Random parameters: normal(initializer_range) matrices, unit norms, zero biases."""
-    specs = _shapes(cfg)
-    leaves, treedef = jax.tree.flatten(specs, is_leaf=_is_spec)
+    leaves, treedef = jax.tree.flatten(_shapes(cfg), is_leaf=specs.is_spec)
     dtype = layers.dtype_of(cfg.param_dtype)
     out = []
     for n, (shape, _, kind) in enumerate(leaves):
@@ -117,7 +103,7 @@ def unembedding(cfg: ModelConfig, params: Params) -> jax.Array:
 def hf_mapping(cfg: ModelConfig) -> list[TensorMap]:
     """Param path <-> HF tensor name for every parameter."""
     maps = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(_shapes(cfg), is_leaf=_is_spec)[0]:
+    for path, _ in jax.tree_util.tree_flatten_with_path(_shapes(cfg), is_leaf=specs.is_spec)[0]:
         keys = tuple(k.key for k in path)
         transpose = keys[-1] == "kernel"
         name = ".".join(keys[:-1] + ("weight" if transpose else keys[-1],))

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mpa_jax.models import deltanet, layers, moe
+from mpa_jax.models import deltanet, layers, moe, specs
 from mpa_jax.models.config import ModelConfig, common_from_hf, common_to_hf
 from mpa_jax.models.hf_io import TensorMap
 
@@ -209,31 +209,18 @@ def _shapes(cfg: ModelConfig) -> Params:
         else:
             layer["linear_attn"] = deltanet.shapes(cfg)
         layers_tree[str(n)] = layer
-    tree: Params = {
-        "model": {
-            "embed_tokens": {"weight": ((cfg.vocab_size, d), ("vocab", "embed"), "normal")},
-            "layers": layers_tree,
-            "norm": norm(d),
-        }
-    }
-    if not cfg.tie_word_embeddings:
-        tree["lm_head"] = {"kernel": ((d, cfg.vocab_size), ("embed", "vocab"), "normal")}
-    return tree
-
-
-def _is_spec(x: Any) -> bool:
-    return isinstance(x, tuple) and len(x) == 3 and isinstance(x[2], str)
+    return specs.decoder_tree(cfg, layers_tree, norm(d))
 
 
 def param_logical_axes(cfg: ModelConfig) -> Params:
     """Logical axis names per parameter (same tree as init_params)."""
-    return jax.tree.map(lambda s: s[1], _shapes(cfg), is_leaf=_is_spec)
+    return specs.logical_axes(_shapes(cfg))
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
     """Random parameters as transformers initialises them (normal matrices, zero-centred norms at 0,
     gated-norm weights and dt_bias at 1, A_log = log U(0.01, 16))."""
-    leaves, treedef = jax.tree.flatten(_shapes(cfg), is_leaf=_is_spec)
+    leaves, treedef = jax.tree.flatten(_shapes(cfg), is_leaf=specs.is_spec)
     dtype = layers.dtype_of(cfg.param_dtype)
     out = []
     for n, (shape, _, kind) in enumerate(leaves):
@@ -263,7 +250,7 @@ def _expert_names(prefix: str, num_experts: int, proj: str) -> tuple[str, ...]:
 def hf_mapping(cfg: ModelConfig) -> list[TensorMap]:
     """Param path <-> HF tensor name(s) for every parameter."""
     maps = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(_shapes(cfg), is_leaf=_is_spec)[0]:
+    for path, _ in jax.tree_util.tree_flatten_with_path(_shapes(cfg), is_leaf=specs.is_spec)[0]:
         keys = tuple(k.key for k in path)
         transpose = keys[-1] == "kernel"
         parts = keys[:-1] + ("weight" if transpose else keys[-1],)
