@@ -1,8 +1,9 @@
 """Chat format: rendering parity with transformers on the Qwen3 template, loss masks, token-in/token-out."""
+import unicodedata
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
 from mpa_jax.tokenizer import (
     ChatSession,
@@ -183,6 +184,7 @@ def test_bad_messages_give_one_clear_error(tok):
 
 # ---- loss masks ------------------------------------------------------------------------------------------------
 @HYP
+@example(msgs=[{"role": "user", "content": ""}, {"role": "assistant", "content": "\uf900", "tool_calls": [{'type': 'function', 'function': {'name': '_', 'arguments': '{}'}}]}, {"role": "tool", "content": ""}], tools=[])  # a CJK compatibility ideograph: NFC changes it
 @given(msgs=conversation(clean=True), tools=tool_specs)
 def test_loss_mask_covers_exactly_the_assistant_generated_text(tok, msgs, tools):
     ids, mask = encode_chat(tok, msgs, tools or None)
@@ -200,7 +202,8 @@ def test_loss_mask_covers_exactly_the_assistant_generated_text(tok, msgs, tools)
             cur = []
     if cur:
         runs.append(cur)
-    assert [tok.decode(r) for r in runs] == [text[s:e] for s, e in spans]
+    # The tokenizer normalises text to NFC (as Qwen's does), so compatibility characters decode as their NFC form.
+    assert [tok.decode(r) for r in runs] == [unicodedata.normalize("NFC", text[s:e]) for s, e in spans]
     im_end = tok.token_id("<|im_end|>")
     for t in range(len(ids)):
         if mask[t] and ids[t] == im_end and t + 1 < len(ids):
@@ -279,6 +282,7 @@ def test_later_query_drops_earlier_reasoning_but_sampled_tokens_stay(tok):
 
 
 @HYP
+@example(msgs=[{"role": "user", "content": ""}, {"role": "assistant", "content": "", "reasoning_content": "\U0002f800", "tool_calls": [{'type': 'function', 'function': {'name': '_', 'arguments': '{}'}}]}, {"role": "tool", "content": ""}], tools=[])
 @given(msgs=episode(), tools=tool_specs)
 def test_session_over_an_episode_matches_encode_chat(tok, msgs, tools):
     # What the rollout records (ChatSession) and what SFT trains on (encode_chat) are the same tokens and mask.
@@ -298,7 +302,8 @@ def test_session_over_an_episode_matches_encode_chat(tok, msgs, tools):
             pending = []
         s, e = next(spans)
         parsed = session.add_sampled(tok.encode(text[s:e]))
-        assert parsed.ok and parsed.reasoning == m["reasoning_content"].strip("\n") and parsed.content == m["content"]
+        nfc = lambda x: unicodedata.normalize("NFC", x)  # noqa: E731  (the tokenizer's normaliser)
+        assert parsed.ok and parsed.reasoning == nfc(m["reasoning_content"]).strip("\n") and parsed.content == nfc(m["content"])
         assert [c.name for c in parsed.calls] == [c["function"]["name"] for c in m.get("tool_calls", [])]
     if pending:
         session.add_messages(pending)
