@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     console = Console()
     workdir = args.workdir
     if args.fresh:
-        for sub in ("sft", "rollouts", "oracle_train.jsonl", "demo_summary.json"):
+        for sub in ("sft", "rollouts", f"oracle-{config.oracle.split}.jsonl", "demo_summary.json"):
             path = os.path.join(workdir, sub)
             if os.path.isdir(path):
                 shutil.rmtree(path)
