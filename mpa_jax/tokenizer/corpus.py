@@ -104,44 +104,27 @@ def synthetic_corpus(n: int = 400, seed: int = 0) -> list[str]:
 
 
 def _envs_corpus(split: str, max_tasks: int) -> Iterator[str]:
-    """Text from mpa_jax.envs: tool specs, instructions and histories, rendered oracle episodes.
-
-    Yields nothing when envs does not (yet) provide the API, so the tokenizer can always be built.
-    """
+    """Text from mpa_jax.envs: instructions and histories, and the oracle episodes rendered in chat format."""
     if max_tasks <= 0:
         return
-    try:
-        from mpa_jax import envs
-        tasks = envs.load_tasks(split)
-    except (ImportError, AttributeError, NotImplementedError):
-        return
-    tasks = list(tasks)
+    from mpa_jax import envs  # no jax: the tokenizer stays light
+
+    tasks = list(envs.load_tasks(split))
     tasks = tasks[:: max(1, len(tasks) // max_tasks)][:max_tasks]  # a spread over domains and templates
+    env = envs.make_env("sandbox")
     try:
-        env = envs.make_env("sandbox")
-    except (AttributeError, NotImplementedError):
-        env = None
-    try:
-        from mpa_jax.envs.oracle import run_oracle_episode
-    except ImportError:
-        run_oracle_episode = None
-    for i, task in enumerate(tasks):
-        yield task.instruction
-        for turn in task.history:
-            yield json.dumps(turn, ensure_ascii=False)
-        if env is None:
-            continue
-        if run_oracle_episode is not None:
-            ep = run_oracle_episode(env, task, seed=i)
+        for i, task in enumerate(tasks):
+            yield task.instruction
+            for turn in task.history:
+                yield json.dumps(turn, ensure_ascii=False)
+            ep = envs.run_oracle_episode(env, task, seed=i)
             yield render_chat(None, ep.messages, ep.tools, chat_template=QWEN3_CHAT_TEMPLATE)
-        else:
-            yield json.dumps([s.to_openai() for s in env.tool_specs(task)], ensure_ascii=False)
-    if env is not None and hasattr(env, "close"):
+    finally:
         env.close()
 
 
 def project_corpus(split: str = "train", max_tasks: int = 300, seed: int = 0) -> list[str]:
-    """The project's text for BPE training: envs episodes when available, plus the synthetic corpus."""
+    """The project's text for BPE training: envs episodes (`max_tasks` of them; 0 for none), plus the synthetic corpus."""
     return list(_envs_corpus(split, max_tasks)) + synthetic_corpus(seed=seed)
 
 
