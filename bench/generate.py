@@ -4,6 +4,11 @@ Same tiny random Qwen3 weights on both sides (the `configs/tiny.py` model), batc
 128 new tokens, greedy and sampled (temperature 1), no stop tokens so both produce every token.
 Prints new tokens/s of each and the ratio. Usage: `python bench/generate.py [--batch 8] [--prompt 64] [--new 128]`;
 prefix `taskset -c 1` to give both sides the same single core on a shared machine (docs/perf.md).
+
+The engine runs as `mpa rollout` runs it on a CPU host: one weight replica per core this process may
+use (`--replicas`, default all of them; one XLA host device each), against torch with its default
+threads (and with one thread; the faster is the baseline). With more than one replica, the
+one-replica engine is timed in the same run too.
 """
 from __future__ import annotations
 
@@ -34,7 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--replicas", type=int, default=0, help="engine weight replicas (0: one per usable core)")
+    ap.add_argument("--glibc-default-malloc", action="store_true",
+                    help="keep glibc's malloc defaults (mpa tunes them: mpa_jax/hostmem.py; applies to torch too)")
     args = ap.parse_args(argv)
+    from mpa_jax import hostmem
+
+    malloc_tuned = not args.glibc_default_malloc and hostmem.keep_freed_memory()
+    replicas = args.replicas or len(os.sched_getaffinity(0))
+    # One XLA host device per replica; read by XLA at start-up, so set before jax is imported.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={replicas}").strip()
 
     import jax
     import torch
@@ -51,21 +65,23 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         models.save_pretrained(models.Model(cfg, params), d, dtype="float32")
         hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-    engine = JaxEngine(cfg, params, max_batch=args.batch)
+    engines = {r: JaxEngine(cfg, params, max_batch=args.batch, replicas=r) for r in sorted({replicas, 1}, reverse=True)}
     rng = np.random.default_rng(0)
     prompts = rng.integers(10, cfg.vocab_size, (args.batch, args.prompt)).tolist()
     n_tokens = args.batch * args.new
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; malloc tuned: {malloc_tuned}")
     print(f"model: {config.name} ({models.param_count(cfg) / 1e6:.2f}M params), batch {args.batch}, "
           f"prompt {args.prompt}, {args.new} new tokens; jax {jax.__version__} on {jax.devices()[0].platform}, "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
     ids = torch.tensor(prompts)
     for label, temperature in (("greedy", 0.0), ("sampled T=1", 1.0)):
         sp = SamplingParams(max_new_tokens=args.new, temperature=temperature)
-        t0 = time.perf_counter()
-        out = engine.generate(prompts, sp)
-        first = time.perf_counter() - t0
-        assert all(len(r.token_ids) == args.new for r in out)
+        first = {}
+        for r, engine in engines.items():
+            t0 = time.perf_counter()
+            out = engine.generate(prompts, sp)
+            first[r] = time.perf_counter() - t0
+            assert all(len(x.token_ids) == args.new for x in out)
 
         def hf_gen() -> None:
             kw = dict(do_sample=temperature > 0, max_new_tokens=args.new, min_new_tokens=args.new,
@@ -81,9 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         # torch runs both with its default thread count and with one thread (its OpenMP barriers
         # degrade badly on a busy machine); the baseline is whichever is faster.
         default_threads = torch.get_num_threads()
-        t_jax, t_hf_n, t_hf_1 = float("inf"), float("inf"), float("inf")
+        t_jax = {r: float("inf") for r in engines}
+        t_hf_n, t_hf_1 = float("inf"), float("inf")
         for _ in range(args.repeats):
-            t_jax = min(t_jax, _best(lambda: engine.generate(prompts, sp), 1))
+            for r, engine in engines.items():
+                t_jax[r] = min(t_jax[r], _best(lambda: engine.generate(prompts, sp), 1))
             torch.set_num_threads(default_threads)
             t_hf_n = min(t_hf_n, _best(hf_gen, 1))
             torch.set_num_threads(1)
@@ -92,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         t_hf = min(t_hf_n, t_hf_1)
         print(f"{label:12s} transformers with {default_threads} threads {n_tokens / t_hf_n:.0f} tok/s, "
               f"with 1 thread {n_tokens / t_hf_1:.0f} tok/s")
-        print(f"{label:12s} jax {n_tokens / t_jax:9.0f} tok/s ({t_jax * 1e3:7.1f} ms; first call incl. compile "
-              f"{first:5.2f} s) | transformers {n_tokens / t_hf:8.0f} tok/s ({t_hf * 1e3:7.1f} ms) | ratio {t_hf / t_jax:5.2f}x")
+        for r in engines:
+            print(f"{label:12s} jax ({r} replica{'s' if r > 1 else ''}) {n_tokens / t_jax[r]:9.0f} tok/s ({t_jax[r] * 1e3:7.1f} ms; "
+                  f"first call incl. compile {first[r]:5.2f} s) | transformers {n_tokens / t_hf:8.0f} tok/s "
+                  f"({t_hf * 1e3:7.1f} ms) | ratio {t_hf / t_jax[r]:5.2f}x")
     return 0
 
 

@@ -111,6 +111,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.top_k = -1
     c.rollout.greedy_eval = True
     c.rollout.sharded = False  # place the embedded engine on `c.mesh` (accelerators); one device otherwise
+    c.rollout.replicas = 0  # unsharded engine: weight copies decoding parts of each batch; 0 = one per CPU core
 
     # Serving.
     c.serve = ml_collections.ConfigDict()

@@ -171,3 +171,33 @@ def test_sharded_engine_matches_single_device(ckpt, engine):
     assert [r.token_ids for r in sharded.generate(prompts, sp)] == [r.token_ids for r in engine.generate(prompts, sp)]
     leaf = sharded.params["model"]["layers"]["0"]["mlp"]["up_proj"]["kernel"]
     assert len(leaf.sharding.device_set) == 4
+
+
+def test_replicas_split_the_batch_and_decode_as_one_device(ckpt, engine):
+    """Weight replicas on 2 host devices (the CPU path to a second core): same tokens, log-probs and
+    weight updates as the one-device engine; each replica holds the whole model."""
+    assert jax.local_device_count() >= 2, "needs XLA host devices (tests/conftest.py sets 8)"
+    rep = JaxEngine.from_pretrained(ckpt, max_batch=4, replicas=2)
+    leaf = rep.params["model"]["embed_tokens"]["weight"]
+    assert len(leaf.sharding.device_set) == 2 and leaf.sharding.is_fully_replicated
+    prompts = _prompts((6, 15, 10), seed=7)  # 3 rows: one replica also decodes a filler row
+    for sp in (SamplingParams(max_new_tokens=12, temperature=0.0), SamplingParams(max_new_tokens=12, temperature=1.0)):
+        got, want = rep.generate(prompts, sp, seeds=[1, 2, 3]), engine.generate(prompts, sp, seeds=[1, 2, 3])
+        assert [r.token_ids for r in got] == [r.token_ids for r in want]
+        np.testing.assert_allclose([r.logprobs for r in got], [r.logprobs for r in want], atol=1e-5)
+    # A weight update reaches every replica.
+    new = jax.tree.map(lambda x: x * 1.5, engine.params)
+    single = JaxEngine(engine.cfg, new, max_batch=4)
+    rep.update_weights(new, "scaled")
+    sp = SamplingParams(max_new_tokens=12, temperature=0.0)
+    assert [r.token_ids for r in rep.generate(prompts, sp)] == [r.token_ids for r in single.generate(prompts, sp)]
+    assert rep.weight_version == "scaled"
+
+
+def test_replicas_are_checked(ckpt):
+    from mpa_jax import sharding
+
+    with pytest.raises(ValueError, match="replicas=64 but only"):
+        JaxEngine.from_pretrained(ckpt, replicas=64)
+    with pytest.raises(ValueError, match="1 with a mesh"):
+        JaxEngine.from_pretrained(ckpt, mesh=sharding.make_mesh((2, 1, 1, 1), jax.devices()[:2]), replicas=2)

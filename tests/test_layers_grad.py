@@ -68,7 +68,7 @@ def test_cached_attention_in_query_blocks_equals_one_block():
     rng = np.random.default_rng(3)
     b, t, kv, g, h, slots = 2, 11, 2, 2, 8, 16
     q = jnp.asarray(rng.normal(size=(b, t, kv * g, h)), jnp.float32)
-    k = jnp.asarray(rng.normal(size=(b, kv, slots, h)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(b, kv, h, slots)), jnp.float32)
     v = jnp.asarray(rng.normal(size=(b, kv, slots, h)), jnp.float32)
     mask = jnp.asarray(rng.random((b, 1, t, slots)) < 0.7).at[..., 0].set(True)
     whole = layers.cached_attention(q, k, v, mask, 0.3, block=1024)

@@ -109,3 +109,18 @@ def test_mpa_rollout_rejects_bad_input(setup, capsys, tmp_path):
     (empty / "config.json").write_text('{"model_type": "gpt2"}')
     assert main(base + ["--checkpoint", str(empty)]) == 2
     assert "cannot load checkpoint" in capsys.readouterr().err
+    assert main(base + ["--config.rollout.replicas=4096"]) == 2
+    assert "config.rollout.replicas=4096" in capsys.readouterr().err
+
+
+def test_engine_replicas_from_config():
+    import jax
+
+    from mpa_jax.config import load_config_file
+    from mpa_jax.rollout.run import engine_replicas
+
+    config = load_config_file(os.path.join(REPO, "configs", "tiny.py"))
+    cores = len(os.sched_getaffinity(0))
+    assert engine_replicas(config) == min(cores, jax.local_device_count())  # auto: one per usable core
+    config.rollout.replicas = 2
+    assert engine_replicas(config) == 2

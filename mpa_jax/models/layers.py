@@ -139,14 +139,15 @@ def _blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
 
 
 def cached_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, block: int = 128
+    q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array, scale: float, block: int = 128
 ) -> jax.Array:
-    """Attention of new queries q [B, T, N, H] over a head-major cache k/v [B, K, S, H].
+    """Attention of new queries q [B, T, N, H] over a decode cache: keys kt [B, K, H, S], values v [B, K, S, H].
 
-    `mask` bool [B or 1, 1, T, S]; result [B, T, N, H] as `attention`. Only the T query rows are
-    transposed (the cache is read in place). A long prefill runs in query blocks of `block` rows:
-    the float32 scores of a whole prompt against the whole cache ([B, K, T*G, S]) reached tens of GB
-    at batch 32 x 2k-token prompts.
+    `mask` bool [B or 1, 1, T, S]; result [B, T, N, H] as `attention`. The keys are stored transposed
+    so that both dots are plain [rows, H] x [H, S] and [rows, S] x [S, H] products over the cache as it
+    is (on CPU the scores dot over [S, H] keys took ~2x as long per decode step). Only the T query rows
+    are transposed. A long prefill runs in query blocks of `block` rows: the float32 scores of a whole
+    prompt against the whole cache ([B, K, T*G, S]) reached tens of GB at batch 32 x 2k-token prompts.
     """
     b, t, n, h = q.shape
     if t > block:
@@ -156,13 +157,27 @@ def cached_attention(
         mask = jnp.broadcast_to(mask, (b, 1, t, mask.shape[-1]))
         qb = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, nb, block, n, h).swapaxes(0, 1)
         mb = jnp.pad(mask, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, 1, nb, block, -1).transpose(2, 0, 1, 3, 4)
-        out = jax.lax.map(lambda qm: cached_attention(qm[0], k, v, qm[1], scale, block), (qb, mb))
+        out = jax.lax.map(lambda qm: cached_attention(qm[0], kt, v, qm[1], scale, block), (qb, mb))
         return out.swapaxes(0, 1).reshape(b, nb * block, n, h)[:, :t]
-    kv = k.shape[1]
+    kv = kt.shape[1]
     g = n // kv
     qh = q.reshape(b, t, kv, g, h).transpose(0, 2, 1, 3, 4).reshape(b, kv, t * g, h)
-    o = _attend_fwd(qh, k, v, mask, scale)[0]
+    qh = qh * jnp.asarray(scale, qh.dtype)
+    s = jnp.einsum("bkmh,bkhs->bkms", qh, kt, preferred_element_type=jnp.float32)
+    p = _masked_softmax(s, mask)
+    o = jnp.einsum("bkms,bksh->bkmh", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(q.dtype)
     return o.reshape(b, kv, t, g, h).transpose(0, 2, 1, 3, 4).reshape(b, t, n, h)
+
+
+def _masked_softmax(s: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax over the last axis of float32 scores [B, K, M=rows*G, S] under mask [B or 1, 1, rows, S]."""
+    b, kv, m, s_len = s.shape
+    rows = mask.shape[2]
+    s = s.reshape(b, kv, rows, m // rows, s_len)
+    # A large finite fill: fully masked (padding) rows become a uniform average, never NaN.
+    s = jnp.where(mask[:, :, :, None, :], s, jnp.float32(-1e30)).reshape(b, kv, m, s_len)
+    p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    return p * (1.0 / jnp.sum(p, axis=-1, keepdims=True))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -173,15 +188,9 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: fl
 
 
 def _attend_fwd(q, k, v, mask, scale):
-    b, kv, m, h = q.shape
-    rows, s_len = mask.shape[2], k.shape[2]
     q = q * jnp.asarray(scale, q.dtype)  # scale the small operand, not the [M, S] scores
     s = jnp.einsum("bkmh,bksh->bkms", q, k, preferred_element_type=jnp.float32)
-    s = s.reshape(b, kv, rows, m // rows, s_len)
-    # A large finite fill: fully masked (padding) rows become a uniform average, never NaN.
-    s = jnp.where(mask[:, :, :, None, :], s, jnp.float32(-1e30)).reshape(b, kv, m, s_len)
-    p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
-    p = p * (1.0 / jnp.sum(p, axis=-1, keepdims=True))
+    p = _masked_softmax(s, mask)
     o = jnp.einsum("bkms,bksh->bkmh", p.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(q.dtype)
     return o, (q, k, v, p, o)
 

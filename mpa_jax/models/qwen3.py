@@ -100,6 +100,14 @@ def unembedding(cfg: ModelConfig, params: Params) -> jax.Array:
     return params["lm_head"]["kernel"]
 
 
+def decode_unembedding(cfg: ModelConfig, params: Params) -> jax.Array:
+    """[D, V] output projection for decode: `lm_head.kernel` when present (untied, or added by
+    `mpa_jax.models.decode_params`), else the tied embedding transposed and read in place."""
+    if "lm_head" in params:
+        return params["lm_head"]["kernel"]
+    return params["model"]["embed_tokens"]["weight"].T
+
+
 def hf_mapping(cfg: ModelConfig) -> list[TensorMap]:
     """Param path <-> HF tensor name for every parameter."""
     maps = []
@@ -204,16 +212,19 @@ def hidden_states(
 
 # ---- incremental decoding -----------------------------------------------------------------------------
 def init_decode_state(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> dict[str, Any]:
-    """Empty KV cache: per-layer k/v [B, K, max_len, H], kv_mask [B, max_len], index (next slot).
+    """Empty KV cache: per-layer keys k [B, K, head_dim, max_len] and values v [B, K, max_len, head_dim],
+    kv_mask [B, max_len], index (next slot).
 
-    Head-major (slots next to head_dim) so that the attention dots read the cache as it is, with no
-    per-step transpose of the whole cache.
+    Head-major, with the keys transposed, so that the attention dots read the cache as it is
+    (`layers.cached_attention`): no per-step transpose of the whole cache, and both dots in the form
+    XLA:CPU runs fastest.
     """
     dtype = layers.dtype_of(cfg.compute_dtype) if dtype is None else jnp.dtype(dtype)
-    shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+    k_shape = (batch, cfg.num_key_value_heads, cfg.head_dim, max_len)
+    v_shape = (batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
     return {
         "layers": {
-            str(n): {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+            str(n): {"k": jnp.zeros(k_shape, dtype), "v": jnp.zeros(v_shape, dtype)}
             for n in range(cfg.num_hidden_layers)
         },
         "kv_mask": jnp.zeros((batch, max_len), bool),
@@ -258,19 +269,14 @@ def decode(
         cache = state["layers"][str(n)]
         h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         q, k, v = _qkv_fused(cfg, p["self_attn"], h, cos, sin)
-        # New keys/values go in head-major ([B, K, T, H], a small transpose of T rows only).
-        k_new = k.transpose(0, 2, 1, 3).astype(cache["k"].dtype)
+        # New keys/values go in head-major (k [B, K, H, T], v [B, K, T, H]: transposes of T rows only).
+        k_new = k.transpose(0, 2, 3, 1).astype(cache["k"].dtype)
         v_new = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
-        ck = jax.lax.dynamic_update_slice(cache["k"], k_new, (0, 0, idx, 0))
+        ck = jax.lax.dynamic_update_slice(cache["k"], k_new, (0, 0, 0, idx))
         cv = jax.lax.dynamic_update_slice(cache["v"], v_new, (0, 0, idx, 0))
         new_layers[str(n)] = {"k": ck, "v": cv}
         attn = layers.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
         x = _mlp_fused(cfg, p, x + _out(p["self_attn"], attn))
     x = layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
-    if cfg.tie_word_embeddings:  # read the embedding in place (no per-step transposed copy)
-        table = params["model"]["embed_tokens"]["weight"].astype(x.dtype)
-        logits = jnp.einsum("btd,vd->btv", x, table, preferred_element_type=jnp.float32)
-    else:
-        w = params["lm_head"]["kernel"].astype(x.dtype)
-        logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("btd,dv->btv", x, decode_unembedding(cfg, params).astype(x.dtype), preferred_element_type=jnp.float32)
     return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}

@@ -481,7 +481,9 @@ def decode(
             x = x + y
         x, _ = _mlp(cfg, p, x)
     x = rms_norm_1p(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
-    w = unembedding(cfg, params).astype(x.dtype)
+    from mpa_jax.models.qwen3 import decode_unembedding
+
+    w = decode_unembedding(cfg, params).astype(x.dtype)
     logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
     return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}
 

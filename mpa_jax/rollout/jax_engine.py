@@ -15,6 +15,12 @@ its prompt, its seed and the weights, not on batch composition or padding.
 
 With a mesh, parameters live in their rule-given shardings and the batch is split over the
 (`data`, `fsdp`) axes; XLA propagates the rest (the KV cache follows the batch).
+
+Without a mesh, `replicas=R` keeps a full copy of the weights on each of R local devices and splits
+every batch into R equal parts that decode independently (`shard_map`: one compiled program, no
+communication, each part's loop stops when its own rows finish). On a CPU host with one XLA host
+device per core (`--xla_force_host_platform_device_count`) this is how the engine uses more than one
+core: XLA:CPU does not split a small decode step usefully over threads (docs/perf.md).
 """
 from __future__ import annotations
 
@@ -52,6 +58,8 @@ class JaxEngine:
       mesh, rules: optional device mesh and logical-axis rules; parameters are placed accordingly.
       max_batch: rows per compiled program; larger requests run in chunks (prompts sorted by length
         first so that each chunk pads little).
+      replicas: without a mesh, the number of local devices holding a copy of the weights, each
+        decoding its share of the batch (see the module docstring); must be 1 with a mesh.
       min_prompt_bucket, min_new_bucket: smallest shape buckets (fewer tiny compilations).
       weight_version: label reported with every result until the next `update_weights`.
     """
@@ -68,22 +76,31 @@ class JaxEngine:
         min_new_bucket: int = 16,
         weight_version: str = "0",
         cache_dtype: str | None = None,
+        replicas: int = 1,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
+        if replicas < 1 or (mesh is not None and replicas != 1):
+            raise ValueError(f"JaxEngine: replicas must be >= 1, and 1 with a mesh; got {replicas}")
+        if replicas > jax.local_device_count():
+            raise ValueError(f"JaxEngine: replicas={replicas} but only {jax.local_device_count()} local devices")
         self.cfg = cfg
         self.mesh = mesh
         self.rules = rules
         self.min_prompt_bucket = min_prompt_bucket
         self.min_new_bucket = min_new_bucket
         self.cache_dtype = cache_dtype
-        self._data_size = 1
+        self.replicas = replicas
+        self._data_size = replicas
         self._param_shardings = None
+        self._replica_mesh = None
         if mesh is not None:
             from mpa_jax import sharding
 
             self._param_shardings = sharding.param_shardings(cfg, mesh, rules)
             self._data_size = int(np.prod([mesh.shape[a] for a in ("data", "fsdp") if a in mesh.shape]))
+        elif replicas > 1:
+            self._replica_mesh = jax.sharding.Mesh(np.array(jax.local_devices()[:replicas]), ("replica",))
         # Batch buckets must split evenly over the data-parallel devices.
         self.max_batch = _bucket(max(max_batch, self._data_size), self._data_size)
         self._signature = _tree_signature(params)
@@ -110,6 +127,10 @@ class JaxEngine:
     def _place(self, params: Any) -> Any:
         if self._param_shardings is not None:
             return jax.device_put(params, self._param_shardings)
+        if self._replica_mesh is not None:
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            return jax.device_put(params, NamedSharding(self._replica_mesh, PartitionSpec()))
         return jax.device_put(params)
 
     def update_weights(self, source: Any, version: str) -> None:
@@ -135,7 +156,7 @@ class JaxEngine:
 
     def _program(self, n_new: int, greedy: bool, filtered: bool):
         """The jitted generate program for a new-token bucket and sampling path (jax caches per shape)."""
-        return _jitted_generate(self.cfg, n_new, greedy, filtered, self.cache_dtype)
+        return _jitted_generate(self.cfg, n_new, greedy, filtered, self.cache_dtype, self._replica_mesh)
 
     def generate(
         self,
@@ -224,23 +245,43 @@ class JaxEngine:
         return out
 
     def _shard_batch(self, arrays: tuple) -> tuple:
-        if self.mesh is None:
+        if self.mesh is None and self._replica_mesh is None:
             return tuple(jnp.asarray(a) for a in arrays)
         from jax.sharding import NamedSharding, PartitionSpec
 
-        axes = tuple(a for a in ("data", "fsdp") if a in self.mesh.shape)
+        mesh = self.mesh if self.mesh is not None else self._replica_mesh
+        axes = tuple(a for a in ("data", "fsdp", "replica") if a in mesh.shape)
         out = []
         for a in arrays:
             spec = PartitionSpec(axes, *([None] * (a.ndim - 1)))
-            out.append(jax.device_put(a, NamedSharding(self.mesh, spec)))
+            out.append(jax.device_put(a, NamedSharding(mesh, spec)))
         return tuple(out)
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_generate(cfg: models.ModelConfig, n_new: int, greedy: bool, filtered: bool, cache_dtype: str | None):
-    """One jitted program per (model config, new-token bucket, sampling path), shared by every engine
-    instance, so a new engine or new weights of the same architecture never recompile."""
-    return jax.jit(functools.partial(_generate, cfg, n_new, greedy, filtered, cache_dtype))
+def _jitted_generate(
+    cfg: models.ModelConfig,
+    n_new: int,
+    greedy: bool,
+    filtered: bool,
+    cache_dtype: str | None,
+    replica_mesh: jax.sharding.Mesh | None = None,
+):
+    """One jitted program per (model config, new-token bucket, sampling path, replica mesh), shared by
+    every engine instance, so a new engine or new weights of the same architecture never recompile."""
+    fn = functools.partial(_generate, cfg, n_new, greedy, filtered, cache_dtype)
+    if replica_mesh is not None:
+        from jax.sharding import PartitionSpec as P
+
+        rows, rep = P("replica"), P()
+        fn = jax.shard_map(
+            fn,
+            mesh=replica_mesh,
+            in_specs=(rep, rows, rows, rows, rows, rep, rep, rep, rep, rep),
+            out_specs=(rows, rows, rows, rows),
+            check_vma=False,  # no collectives inside: each device's loop is its own
+        )
+    return jax.jit(fn)
 
 
 def _generate(
@@ -262,6 +303,7 @@ def _generate(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Prefill + decode loop. Returns tokens [B, n_new], log-probs, tokens generated [B], stopped [B]."""
     b, p_len = ids.shape
+    params = models.decode_params(cfg, params)
     state = models.init_decode_state(cfg, b, p_len + n_new, cache_dtype)
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
     # Prefill all but the last column; its logits are dead code and compiled away.

@@ -62,15 +62,41 @@ def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None)
 
         mesh = sharding.make_mesh(config.mesh)
         rules = sharding.rules_from_config(config)
-    max_batch = int(config.rollout.batch_size)
+    kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh))
     if checkpoint is not None:
         try:
-            return JaxEngine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), mesh=mesh, rules=rules, max_batch=max_batch)
+            return JaxEngine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), **kw)
         except ValueError as e:  # hf_io.CheckpointError and config errors name the file or tensor
             raise RolloutSetupError(f"cannot load checkpoint {checkpoint}: {e}") from None
     cfg = models.config_from_ml(config.model)
     params = models.init_params(cfg, jax.random.key(int(config.seed)), mesh=mesh, rules=rules)
-    return JaxEngine(cfg, params, mesh=mesh, rules=rules, max_batch=max_batch, weight_version="init")
+    return JaxEngine(cfg, params, weight_version="init", **kw)
+
+
+def engine_replicas(config: Any, mesh: Any = None) -> int:
+    """Weight replicas of the embedded engine from `config.rollout.replicas`.
+
+    0 (auto): on a CPU host one per core this process may run on, up to the XLA host devices
+    (`--xla_force_host_platform_device_count`); 1 on accelerators (use `rollout.sharded` and the mesh
+    there) and with a mesh. An explicit count must not exceed the local devices.
+    """
+    import jax
+
+    n = int(config.rollout.get("replicas", 0))
+    if mesh is not None:
+        if n > 1:
+            raise RolloutSetupError(f"config.rollout.replicas={n} cannot be combined with rollout.sharded (a mesh)")
+        return 1
+    if n < 0 or n > jax.local_device_count():
+        raise RolloutSetupError(
+            f"config.rollout.replicas={n}: must be 0 (auto) or 1..{jax.local_device_count()} (the local devices)"
+        )
+    if n:
+        return n
+    if jax.default_backend() != "cpu":
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(jax.local_device_count(), cores))
 
 
 def load_rollout_tokenizer(config: Any, checkpoint: str | None, workdir: str | None) -> Any:

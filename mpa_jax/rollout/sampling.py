@@ -48,14 +48,15 @@ def filter_logits(z: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array
     return jnp.where(z >= threshold, z, -jnp.inf)
 
 
-def argmax(z: jax.Array) -> jax.Array:
+def argmax(z: jax.Array, zmax: jax.Array | None = None) -> jax.Array:
     """Index of the largest entry per row of `z` [B, V] (lowest index on ties, as jnp.argmax).
 
     Two plain reductions (max, then min index equal to it): XLA's CPU argmax is a variadic
-    (value, index) reduction that does not vectorise and cost ~8x more per decode step.
+    (value, index) reduction that does not vectorise and cost ~8x more per decode step. `zmax`
+    ([B, 1], the row max) skips the first when the caller has it.
     """
     vocab = z.shape[-1]
-    m = jnp.max(z, axis=-1, keepdims=True)
+    m = jnp.max(z, axis=-1, keepdims=True) if zmax is None else zmax
     idx = jnp.min(jnp.where(z == m, jnp.arange(vocab, dtype=jnp.int32), vocab), axis=-1)
     return jnp.minimum(idx, vocab - 1).astype(jnp.int32)
 
@@ -72,10 +73,15 @@ def draw(z: jax.Array, uniforms: jax.Array) -> jax.Array:
     Two levels (block sums, then one block) so that no prefix sum runs over the whole vocabulary:
     XLA lowers a long cumsum on CPU to a quadratic reduce-window, which dominated small decode steps.
     """
+    return _draw(z, jnp.max(z, axis=-1, keepdims=True), uniforms)[0]
+
+
+def _draw(z: jax.Array, zmax: jax.Array, uniforms: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`draw` given the row max [B, 1]; also returns the row sums of exp(z - zmax) [B]."""
     bsz, vocab = z.shape
     blk = _block_size(vocab)
     nb = -(-vocab // blk)
-    probs = jnp.exp(z - jnp.max(z, axis=-1, keepdims=True))  # unnormalised; -inf -> 0
+    probs = jnp.exp(z - zmax)  # unnormalised; -inf -> 0
     probs = jnp.pad(probs, ((0, 0), (0, nb * blk - vocab))).reshape(bsz, nb, blk)
     block_mass = jnp.sum(probs, axis=-1)  # [B, nb]
     block_cdf = jnp.cumsum(block_mass, axis=-1)
@@ -89,7 +95,7 @@ def draw(z: jax.Array, uniforms: jax.Array) -> jax.Array:
     # Rounding can land on a zero-probability (filtered or underflowed) entry only at a zero-width
     # CDF step; fall back to the argmax there so an excluded token is never emitted.
     ok = jnp.take_along_axis(row, j[:, None], axis=-1)[:, 0] > 0
-    return jnp.where(ok, idx, argmax(z))
+    return jnp.where(ok, idx, argmax(z, zmax)), block_cdf[:, -1]
 
 
 def row_uniforms(keys: jax.Array, step: jax.Array) -> jax.Array:
@@ -117,12 +123,14 @@ def sample_step(
     `greedy` and `filtered` are static (they pick the compiled path); the numeric knobs are traced
     so that changing them never recompiles.
     """
-    z = scaled_logits(logits, temperature)
-    if greedy:
-        tokens = argmax(z)
+    # One max and one exp pass over [B, V] serve both the token choice and its log-prob
+    # (log p = z_tok - max - log(sum exp(z - max))); each extra pass is a sizeable part of a small step.
+    z = logits.astype(jnp.float32) if greedy else scaled_logits(logits, temperature)
+    zmax = jnp.max(z, axis=-1, keepdims=True)
+    if not greedy and not filtered:
+        tokens, total = _draw(z, zmax, row_uniforms(keys, step))
     else:
-        zf = filter_logits(z, top_k, top_p) if filtered else z
-        tokens = draw(zf, row_uniforms(keys, step))
-    lse = jax.nn.logsumexp(z, axis=-1)
-    lp = jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0] - lse
-    return tokens, lp
+        tokens = argmax(z, zmax) if greedy else draw(filter_logits(z, top_k, top_p), row_uniforms(keys, step))
+        total = jnp.sum(jnp.exp(z - zmax), axis=-1)
+    picked = zmax[:, 0] if greedy else jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0]
+    return tokens, picked - zmax[:, 0] - jnp.log(total)
