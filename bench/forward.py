@@ -36,12 +36,7 @@ def main() -> None:
                     help="cpu: process CPU time (steadier on a shared machine; use with --threads 1)")
     ap.add_argument("--torch-attn", default="sdpa", help="transformers attn_implementation (sdpa | eager)")
     ap.add_argument("--profile", action="store_true", help="also print our step's XLA ops by kind (ms per step)")
-    ap.add_argument("--glibc-default-malloc", action="store_true",
-                    help="keep glibc's malloc defaults (mpa tunes them: mpa_jax/hostmem.py; applies to torch too)")
     args = ap.parse_args()
-    from mpa_jax import hostmem
-
-    malloc_tuned = not args.glibc_default_malloc and hostmem.keep_freed_memory()
     threads = args.threads or len(os.sched_getaffinity(0))
     if args.threads == 1:
         # XLA:CPU reads this flag at start-up, so it is set before jax is imported.
@@ -131,7 +126,7 @@ def main() -> None:
     print(
         f"config: hidden={args.hidden} layers={args.layers} heads={args.heads}/{args.kv_heads} head_dim={args.head_dim} "
         f"mlp={args.intermediate} vocab={args.vocab} batch={args.batch}x{args.seq} remat={args.remat} "
-        f"threads={threads} clock={args.clock} malloc_tuned={malloc_tuned} jax={jax.__version__} torch={torch.__version__}"
+        f"threads={threads} clock={args.clock} jax={jax.__version__} torch={torch.__version__}"
     )
     print(f"loss torch {loss_torch:.6f} ours {loss_jax:.6f}")
     print(f"torch eager ({args.torch_attn}) fwd+bwd: {tokens / t_torch:,.0f} tokens/s ({t_torch * 1e3:.0f} ms/step)")

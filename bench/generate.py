@@ -40,12 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=0, help="engine weight replicas (0: one per usable core)")
-    ap.add_argument("--glibc-default-malloc", action="store_true",
-                    help="keep glibc's malloc defaults (mpa tunes them: mpa_jax/hostmem.py; applies to torch too)")
     args = ap.parse_args(argv)
-    from mpa_jax import hostmem
-
-    malloc_tuned = not args.glibc_default_malloc and hostmem.keep_freed_memory()
     replicas = args.replicas or len(os.sched_getaffinity(0))
     # One XLA host device per replica; read by XLA at start-up, so set before jax is imported.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={replicas}").strip()
@@ -69,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     prompts = rng.integers(10, cfg.vocab_size, (args.batch, args.prompt)).tolist()
     n_tokens = args.batch * args.new
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; malloc tuned: {malloc_tuned}")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"model: {config.name} ({models.param_count(cfg) / 1e6:.2f}M params), batch {args.batch}, "
           f"prompt {args.prompt}, {args.new} new tokens; jax {jax.__version__} on {jax.devices()[0].platform}, "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads)")

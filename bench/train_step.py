@@ -105,12 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-torch", action="store_true")
     p.add_argument("--threads", type=int, default=0, help="1: both frameworks on one thread; 0: their defaults (torch also tried on 1)")
     p.add_argument("--chunk", type=int, default=0, help="override model.logprob_chunk")
-    p.add_argument("--glibc-default-malloc", action="store_true",
-                   help="keep glibc's malloc defaults (mpa tunes them: mpa_jax/hostmem.py; applies to torch too)")
     args = p.parse_args(argv)
-    from mpa_jax import hostmem
-
-    malloc_tuned = not args.glibc_default_malloc and hostmem.keep_freed_memory()
     if args.threads == 1:
         # single-threaded XLA CPU, set before jax starts (compare with torch on one thread)
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -125,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     dt_jax, l_jax = bench_jax(config, batch, args.steps)
-    print(f"config {os.path.basename(args.config)}  batch {args.batch} x {args.seq_len}  steps {args.steps}  device {jax.devices()[0].device_kind}"
-          f"  malloc tuned: {malloc_tuned}")
+    print(f"config {os.path.basename(args.config)}  batch {args.batch} x {args.seq_len}  steps {args.steps}  device {jax.devices()[0].device_kind}")
     print(f"mpa-jax SFT step           {tokens / dt_jax:10.0f} tokens/s  ({dt_jax / args.steps * 1000:.1f} ms/step, first/last loss {l_jax[0]:.3f}/{l_jax[-1]:.3f})")
     if not args.skip_torch:
         import torch

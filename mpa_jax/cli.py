@@ -55,9 +55,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"mpa: error: unknown command {name!r} (see `mpa --help`)", file=sys.stderr)
         return 2
-    from mpa_jax import hostmem
-
-    hostmem.keep_freed_memory()  # before jax starts its threads; see mpa_jax/hostmem.py
     module = importlib.import_module(COMMANDS[name][0])
     parser = _Parser(prog=f"mpa {name}", description=COMMANDS[name][1])
     parser.add_argument("--config", default="configs/tiny.py", help="experiment config file (default: configs/tiny.py)")

@@ -4,10 +4,6 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from mpa_jax import hostmem  # noqa: E402
-
-hostmem.keep_freed_memory()  # as `mpa` runs: XLA:CPU reuses freed step buffers (mpa_jax/hostmem.py)
-
 # CI runs property tests derandomized (the same examples every run, so a red CI is reproducible);
 # local runs keep exploring new examples, and what they find is pinned with @example.
 from hypothesis import settings  # noqa: E402
