@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export PYTHONUNBUFFERED := 1
+# glibc malloc backs large blocks with transparent huge pages (XLA:CPU step buffers; mpa_jax/hostmem.py).
+export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: demo test install install-test bench clean
 

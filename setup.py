@@ -58,5 +58,5 @@ setup(
         "tpu": ["jax[tpu]==0.10.2"],
         "adb": ["adbutils>=2.8"],
     },
-    entry_points={"console_scripts": ["mpa=mpa_jax.cli:main"]},
+    entry_points={"console_scripts": ["mpa=mpa_jax.cli:entry"]},
 )

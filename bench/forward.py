@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -37,6 +38,9 @@ def main() -> None:
     ap.add_argument("--torch-attn", default="sdpa", help="transformers attn_implementation (sdpa | eager)")
     ap.add_argument("--profile", action="store_true", help="also print our step's XLA ops by kind (ms per step)")
     args = ap.parse_args()
+    from mpa_jax import hostmem
+
+    hostmem.reexec_with_huge_pages([sys.executable, __file__, *sys.argv[1:]])  # as `mpa` runs (applies to torch too)
     threads = args.threads or len(os.sched_getaffinity(0))
     if args.threads == 1:
         # XLA:CPU reads this flag at start-up, so it is set before jax is imported.

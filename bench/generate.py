@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=0, help="engine weight replicas (0: one per usable core)")
     args = ap.parse_args(argv)
+    from mpa_jax import hostmem
+
+    hostmem.reexec_with_huge_pages([sys.executable, __file__, *sys.argv[1:]])  # as `mpa` runs (applies to torch too)
     replicas = args.replicas or len(os.sched_getaffinity(0))
     # One XLA host device per replica; read by XLA at start-up, so set before jax is imported.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={replicas}").strip()

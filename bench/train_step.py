@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="1: both frameworks on one thread; 0: their defaults (torch also tried on 1)")
     p.add_argument("--chunk", type=int, default=0, help="override model.logprob_chunk")
     args = p.parse_args(argv)
+    from mpa_jax import hostmem
+
+    hostmem.reexec_with_huge_pages([sys.executable, __file__, *sys.argv[1:]])  # as `mpa` runs (applies to torch too)
     if args.threads == 1:
         # single-threaded XLA CPU, set before jax starts (compare with torch on one thread)
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"

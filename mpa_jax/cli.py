@@ -83,6 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The `mpa` console script: `main` in a process whose glibc malloc uses transparent huge pages
+    for large blocks (re-executed once with the tunable; see mpa_jax/hostmem.py)."""
+    from mpa_jax import hostmem
+
+    hostmem.reexec_with_huge_pages([sys.executable, "-m", "mpa_jax.cli", *sys.argv[1:]])
+    raise SystemExit(main())
+
+
 if __name__ == "__main__":
     # Run through the imported module, so that commands' `mpa_jax.cli.UserError` is the class caught here.
     from mpa_jax import cli as _cli
