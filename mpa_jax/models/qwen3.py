@@ -278,5 +278,6 @@ def decode(
         attn = layers.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
         x = _mlp_fused(cfg, p, x + _out(p["self_attn"], attn))
     x = layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
-    logits = jnp.einsum("btd,dv->btv", x, decode_unembedding(cfg, params).astype(x.dtype), preferred_element_type=jnp.float32)
+    w = decode_unembedding(cfg, params).astype(x.dtype)
+    logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
     return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}
