@@ -23,6 +23,7 @@ Bad requests get HTTP 400 with `{"error": {"message": ..., "field": ...}}` namin
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -175,6 +176,11 @@ class Batcher:
     def busy(self) -> bool:
         return bool(self._pending) or self.in_flight > 0
 
+    async def wait_idle(self) -> None:
+        """Wait until queued and running engine calls are done (their clients may have gone)."""
+        if self._worker is not None and not self._worker.done():
+            await asyncio.wait({self._worker})
+
     async def submit(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[GenerateResult]:
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((prompts, params, seeds, fut))
@@ -237,8 +243,17 @@ def create_app(
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
-    app = FastAPI(title="mpa serve", version="0.1.0")
     batcher: Batcher | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any):
+        yield
+        # On shutdown, let a running engine call finish first: its worker thread hands the result to
+        # this event loop, which must still be open then.
+        if batcher is not None:
+            await batcher.wait_idle()
+
+    app = FastAPI(title="mpa serve", version="0.1.0", lifespan=lifespan)
     state = {"model_path": model_path}
     default_stop = list(getattr(tokenizer, "eos_token_ids", []) or [])
 
@@ -542,7 +557,7 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
         import uvicorn
 
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self.host = host
