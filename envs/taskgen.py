@@ -222,6 +222,16 @@ def _pick_row(ctx: Ctx, e: Entity, pred: Callable[[dict[str, Any]], bool] = lamb
     return ctx.choice(cands) if cands else None
 
 
+def _pick_lookup(ctx: Ctx, e: Entity) -> tuple[dict[str, Any], str, Field] | None:
+    """A described row of `e` and one of its lookup fields (see `_lookup_fields`), or None."""
+    picked = _pick_row(ctx, e)
+    if picked is None:
+        return None
+    row, desc = picked
+    fields = _lookup_fields(e, row)
+    return (row, desc, ctx.choice(fields)) if fields else None
+
+
 def _updatable(e: Entity) -> list[Field]:
     return [f for f in e.fields if f.updatable and not f.derived and not f.ref]
 
@@ -359,14 +369,10 @@ def _gen_delete(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
 
 def _gen_lookup(e: Entity, variant: str) -> Callable[[Ctx], dict[str, Any] | None]:
     def fn(ctx: Ctx) -> dict[str, Any] | None:
-        picked = _pick_row(ctx, e)
+        picked = _pick_lookup(ctx, e)
         if picked is None:
             return None
-        row, desc = picked
-        fields = _lookup_fields(e, row)
-        if not fields:
-            return None
-        f = ctx.choice(fields)
+        row, desc, f = picked
         v = row[f.name]
         gold = [search_step(ctx, e, row[e.title]), _tc(f"get_{e.name}", {"id": row["id"]}),
                 msg(sentence(f"The {f.words} of {desc} is {fmt(v)}"))]
@@ -410,14 +416,10 @@ def _sms_goal(c: dict[str, Any], value: Any) -> dict[str, Any]:
 
 def _gen_share(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
     def fn(ctx: Ctx) -> dict[str, Any] | None:
-        picked = _pick_row(ctx, e)
+        picked = _pick_lookup(ctx, e)
         if picked is None:
             return None
-        row, desc = picked
-        fields = _lookup_fields(e, row)
-        if not fields:
-            return None
-        f = ctx.choice(fields)
+        row, desc, f = picked
         v = row[f.name]
         c, _ = _pick_contact(ctx)
         body = f"The {f.words} of {row[e.title]}: {fmt(v)}"
@@ -433,14 +435,10 @@ def _gen_share(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
 
 def _gen_to_note(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
     def fn(ctx: Ctx) -> dict[str, Any] | None:
-        picked = _pick_row(ctx, e)
+        picked = _pick_lookup(ctx, e)
         if picked is None:
             return None
-        row, desc = picked
-        fields = _lookup_fields(e, row)
-        if not fields:
-            return None
-        f = ctx.choice(fields)
+        row, desc, f = picked
         v = row[f.name]
         title = f"{row[e.title]} - {f.words}"
         if any(n["title"] == title for n in ctx.rows("note")):

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from mpa_jax.models import deltanet, layers, moe, specs
 from mpa_jax.models.config import ModelConfig, common_from_hf, common_to_hf
 from mpa_jax.models.hf_io import TensorMap
+from mpa_jax.models.qwen3 import decode_mask, decode_unembedding, unembedding  # shared by the families
 
 Params = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -234,13 +235,6 @@ def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
         else:
             out.append(jnp.zeros(shape, dtype))
     return jax.tree.unflatten(treedef, out)
-
-
-def unembedding(cfg: ModelConfig, params: Params) -> jax.Array:
-    """[D, V] output projection (the embedding transposed when tied)."""
-    if cfg.tie_word_embeddings:
-        return params["model"]["embed_tokens"]["weight"].T
-    return params["lm_head"]["kernel"]
 
 
 def _expert_names(prefix: str, num_experts: int, proj: str) -> tuple[str, ...]:
@@ -454,8 +448,6 @@ def decode(
     attention_mask: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, Any]]:
     """Run T new tokens against the decode state; semantics as documented in mpa_jax.models."""
-    from mpa_jax.models.qwen3 import decode_mask  # the KV-slot mask rule shared by all families
-
     check(cfg)
     b, t = input_ids.shape
     idx = state["index"]
@@ -481,8 +473,6 @@ def decode(
             x = x + y
         x, _ = _mlp(cfg, p, x)
     x = rms_norm_1p(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
-    from mpa_jax.models.qwen3 import decode_unembedding
-
     w = decode_unembedding(cfg, params).astype(x.dtype)
     logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
     return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}
