@@ -1,12 +1,15 @@
 """Forward+backward tokens/s of our Qwen3 vs transformers (torch, eager) on the same config and batch.
 
 Both compute next-token cross-entropy from full logits and its gradient with respect to every
-parameter (no optimizer step), on the same weights (the two losses must agree), using all CPU cores or
-one (--threads 1). Prints both figures and the ratio (ours / torch; > 1 means faster than torch eager);
---profile adds our step's XLA ops by kind.
+parameter (no optimizer step), on the same weights (the losses must agree), using all CPU cores or
+one (--threads 1). transformers runs once per attention implementation in --torch-attn (default:
+both its `eager` attention and its default `sdpa`), alternating with ours in the same process.
+Prints each figure and the ratio (ours / torch; > 1 means faster than torch). --compute-dtype
+bfloat16 runs ours with float32 weights and bfloat16 compute and torch under CPU autocast to
+bfloat16. --profile adds our step's XLA ops by kind.
 
-    taskset -c 1 .venv/bin/python bench/forward.py --steps 3 --threads 1 [--torch-attn eager] [--profile]
-    .venv/bin/python bench/forward.py --steps 3
+    taskset -c 1 .venv/bin/python bench/forward.py --steps 3 --threads 1 [--profile]
+    .venv/bin/python bench/forward.py --steps 3 [--torch-attn sdpa] [--compute-dtype bfloat16]
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds; the best of each is kept")
     ap.add_argument("--clock", default="wall", choices=("wall", "cpu"),
                     help="cpu: process CPU time (steadier on a shared machine; use with --threads 1)")
-    ap.add_argument("--torch-attn", default="sdpa", help="transformers attn_implementation (sdpa | eager)")
+    ap.add_argument("--torch-attn", default="eager,sdpa", help="transformers attn_implementation(s), comma-separated")
+    ap.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--profile", action="store_true", help="also print our step's XLA ops by kind (ms per step)")
     args = ap.parse_args()
     from mpa_jax import hostmem
@@ -67,12 +71,12 @@ def main() -> None:
         tie_word_embeddings=True,
         max_position_embeddings=max(4096, args.seq),
     )
+    attn_impls = [a.strip() for a in args.torch_attn.split(",") if a.strip()]
     hf = transformers.Qwen3ForCausalLM(hf_cfg)
-    hf.config._attn_implementation = args.torch_attn
     hf.train()
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
-        ours = models.from_pretrained(d, dtype="float32", remat=args.remat)
+        ours = models.from_pretrained(d, dtype="float32", compute_dtype=args.compute_dtype, remat=args.remat)
     cfg, params = ours.cfg, ours.params
     rng = np.random.default_rng(0)
     ids = rng.integers(0, args.vocab, (args.batch, args.seq + 1))
@@ -82,9 +86,13 @@ def main() -> None:
     t_in = torch.as_tensor(ids[:, :-1])
     t_lab = torch.as_tensor(ids[:, 1:])
 
-    def torch_step() -> float:
+    bf16 = args.compute_dtype == "bfloat16"
+
+    def torch_step(attn: str) -> float:
+        hf.config._attn_implementation = attn
         hf.zero_grad(set_to_none=True)
-        logits = hf(input_ids=t_in).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = hf(input_ids=t_in).logits
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab).float(), t_lab.reshape(-1))
         loss.backward()
         return float(loss.detach())
@@ -106,10 +114,13 @@ def main() -> None:
         loss, grads = jax.block_until_ready(step(params))
         return float(loss)
 
-    # Same work on both sides: the losses must agree.
-    loss_torch, loss_jax = torch_step(), jax_step()
-    if abs(loss_torch - loss_jax) > 1e-4 * abs(loss_torch):
-        raise SystemExit(f"losses differ: torch {loss_torch} vs ours {loss_jax}")
+    # Same work on both sides: the losses must agree (bfloat16 rounds differently on each side).
+    loss_jax = jax_step()
+    losses = {attn: torch_step(attn) for attn in attn_impls}
+    tol = 1e-2 if bf16 else 1e-4
+    for attn, loss_torch in losses.items():
+        if abs(loss_torch - loss_jax) > tol * abs(loss_torch):
+            raise SystemExit(f"losses differ: torch ({attn}) {loss_torch} vs ours {loss_jax}")
 
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
@@ -122,20 +133,23 @@ def main() -> None:
             times.append(clock() - t0)
         return statistics.median(times)
 
-    # Alternate the two so that machine noise hits both alike; keep each one's best round.
-    t_torch = t_jax = float("inf")
+    # Alternate the sides so that machine noise hits them alike; keep each one's best round.
+    t_torch = dict.fromkeys(attn_impls, float("inf"))
+    t_jax = float("inf")
     for _ in range(args.rounds):
-        t_torch = min(t_torch, timeit(torch_step))
+        for attn in attn_impls:
+            t_torch[attn] = min(t_torch[attn], timeit(lambda: torch_step(attn)))
         t_jax = min(t_jax, timeit(jax_step))
     print(
         f"config: hidden={args.hidden} layers={args.layers} heads={args.heads}/{args.kv_heads} head_dim={args.head_dim} "
         f"mlp={args.intermediate} vocab={args.vocab} batch={args.batch}x{args.seq} remat={args.remat} "
-        f"threads={threads} clock={args.clock} jax={jax.__version__} torch={torch.__version__}"
+        f"compute={args.compute_dtype} threads={threads} clock={args.clock} jax={jax.__version__} torch={torch.__version__}"
     )
-    print(f"loss torch {loss_torch:.6f} ours {loss_jax:.6f}")
-    print(f"torch eager ({args.torch_attn}) fwd+bwd: {tokens / t_torch:,.0f} tokens/s ({t_torch * 1e3:.0f} ms/step)")
-    print(f"mpa_jax (jit)        fwd+bwd: {tokens / t_jax:,.0f} tokens/s ({t_jax * 1e3:.0f} ms/step)")
-    print(f"ratio ours/torch: {t_torch / t_jax:.2f}x")
+    print(f"loss ours {loss_jax:.6f} " + " ".join(f"torch ({a}) {v:.6f}" for a, v in losses.items()))
+    print(f"mpa_jax (jit)           fwd+bwd: {tokens / t_jax:,.0f} tokens/s ({t_jax * 1e3:.0f} ms/step)")
+    for attn, t in t_torch.items():
+        print(f"transformers attn={attn:5s} fwd+bwd: {tokens / t:,.0f} tokens/s ({t * 1e3:.0f} ms/step)"
+              f"   ratio ours/torch: {t / t_jax:.2f}x")
     if args.profile:
         print_op_profile(lambda: step(params))
 

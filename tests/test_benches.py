@@ -1,0 +1,33 @@
+"""The benches that compare with transformers run end to end at small sizes (they exit non-zero when
+our numbers disagree with transformers'), so that they still work when a session runs them for real."""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bench(*args: str) -> str:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", MPA_HUGE_PAGES="0")
+    res = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def test_forward_bench_small():
+    """Our loss equals transformers' on the bench's batch, and one ratio per attention implementation."""
+    out = _bench("bench/forward.py", "--layers", "1", "--seq", "64", "--batch", "2", "--vocab", "512",
+                 "--steps", "1", "--rounds", "1", "--threads", "1")
+    ratios = re.findall(r"transformers attn=(\w+) .* ratio ours/torch: ([\d.]+)x", out)
+    assert [a for a, _ in ratios] == ["eager", "sdpa"], out
+    assert all(float(r) > 0 for _, r in ratios)
+
+
+def test_models_accel_bench_dry_run():
+    """The accelerator check's dry run: our bfloat16 logits are as close to transformers' float32 ones
+    as transformers' own bfloat16 logits (within 2x), for every parity config, and the timed step runs."""
+    out = _bench("bench/models_accel.py", "--steps", "1")
+    lines = re.findall(r"parity (\w+) .* ours bf16 ([\d.e+-]+), transformers bf16 \(cpu\) ([\d.e+-]+), .* (ok|FAIL)", out)
+    assert len(lines) == 3 and all(status == "ok" for *_, status in lines), out
+    assert re.search(r"fwd\+bwd cpu attention=xla batch 2 x 128: [\d.]+ ms/step", out), out
