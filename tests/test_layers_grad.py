@@ -75,3 +75,43 @@ def test_cached_attention_in_query_blocks_equals_one_block():
     blocked = layers.cached_attention(q, k, v, mask, 0.3, block=4)
     np.testing.assert_allclose(np.asarray(blocked), np.asarray(whole), rtol=1e-6, atol=1e-6)
     assert blocked.shape == (b, t, kv * g, h)
+
+
+def _dot_operand_dtypes(hlo: str) -> list[tuple[str, str]]:
+    """(lhs dtype, rhs dtype) of every dot in optimized HLO text (fusion bodies included)."""
+    import re
+
+    out = []
+    for comp in re.split(r"\n\n", hlo):
+        types = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", comp))
+        for lhs, rhs in re.findall(r" dot\(%([\w.\-]+), %([\w.\-]+)\)", comp):
+            out.append((types.get(lhs, "?"), types.get(rhs, "?")))
+    return out
+
+
+def test_cpu_bfloat16_matmul_gradients_and_dots():
+    """On CPU, 16-bit `dense`/`matmul_f32` keep every dot of the forward and backward pass in bfloat16
+    (XLA:CPU upcasts the forms autodiff gives to float32 dots, which skip the bf16 matrix units) and
+    their gradients equal float32 autodiff up to bfloat16 rounding."""
+    assert jax.default_backend() == "cpu"
+    rng = np.random.default_rng(0)
+    x32 = jnp.asarray(rng.normal(size=(3, 40, 48)), jnp.float32)
+    w32 = jnp.asarray(rng.normal(size=(48, 24)), jnp.float32)
+    u32 = jnp.asarray(rng.normal(size=(24, 16)), jnp.float32)
+    c = jnp.asarray(rng.normal(size=(120, 16)), jnp.float32)
+
+    def loss(x, w, u):
+        y = layers.dense(x, w)  # result in x.dtype
+        return jnp.sum(layers.matmul_f32(y.reshape(-1, 24), u.astype(y.dtype)) * c)  # float32 result
+
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    val, (dx, dw, du) = grad(x32.astype(jnp.bfloat16), w32, u32)
+    assert dx.dtype == jnp.bfloat16 and dw.dtype == du.dtype == jnp.float32  # master weights get float32
+    ref_val, ref = jax.value_and_grad(loss, argnums=(0, 1, 2))(x32, w32, u32)
+    assert abs(float(val) - float(ref_val)) < 2e-2 * float(jnp.abs(ref_val)) + 1.0
+    for got, want in zip((dx, dw, du), ref):
+        err = float(jnp.abs(got.astype(jnp.float32) - want).max() / jnp.abs(want).max())
+        assert err < 2e-2, err
+    hlo = grad.lower(x32.astype(jnp.bfloat16), w32, u32).compile().as_text()
+    dots = _dot_operand_dtypes(hlo)
+    assert len(dots) >= 6 and all(d == ("bf16", "bf16") for d in dots), dots

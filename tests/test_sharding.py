@@ -108,3 +108,25 @@ def test_qwen3_8b_builds_abstractly_with_right_count_and_bytes():
     assert len(per_device) == 8
     tiny17 = models.config_from_ml(load_config_file(os.path.join(ROOT, "configs", "qwen3_1_7b.py")).model)
     assert models.param_count(tiny17) == 1_720_574_976  # Qwen3-1.7B: 1.41B non-embedding + 311M tied embedding
+
+
+def test_sharded_bfloat16_gradients_match_single_device():
+    """bfloat16 compute on CPU takes `layers.matmul_f32`'s hand-written backward with layout
+    constraints; sharded, its gradients are as close to the float32 ones as one device's are (they
+    differ from one device's by bfloat16 rounding in other summation orders)."""
+    bf = CFG.replace(compute_dtype="bfloat16")
+    ids = jax.random.randint(jax.random.key(2), (8, 16), 0, CFG.vocab_size)
+
+    def loss(c):
+        return jax.jit(jax.grad(lambda p, i: jnp.mean(jax.nn.logsumexp(models.forward(c, p, i), axis=-1))))
+
+    def worst(got, want):
+        return max(float(jnp.abs(a - b).max() / jnp.abs(b).max()) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
+    params = models.init_params(bf, jax.random.key(0))
+    ref = loss(CFG)(params, ids)
+    single = worst(loss(bf)(params, ids), ref)
+    mesh = sharding.make_mesh((2, 2, 2, 1))
+    sparams = models.init_params(bf, jax.random.key(0), mesh=mesh, rules=sharding.DEFAULT_RULES)
+    sharded = worst(loss(bf)(sparams, sharding.shard_batch({"ids": ids}, mesh)["ids"]), ref)
+    assert single < 0.1 and sharded < max(2 * single, 2e-2), (single, sharded)

@@ -48,7 +48,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mpa_jax.models import registry
+from mpa_jax.models import layers, registry
 from mpa_jax.models.config import ModelConfig, config_from_ml
 from mpa_jax.models.hf_io import Model, from_pretrained, save_pretrained
 
@@ -125,7 +125,7 @@ def forward(
     h = hidden_states(cfg, params, input_ids, positions, segment_ids, attention_mask)
     w = unembedding(cfg, params).astype(h.dtype)
     lead = h.shape[:-1]
-    logits = jnp.dot(h.reshape(-1, h.shape[-1]), w, preferred_element_type=jnp.float32)
+    logits = layers.matmul_f32(h.reshape(-1, h.shape[-1]), w)
     return logits.reshape(*lead, w.shape[-1])
 
 

@@ -6,6 +6,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.layout import Layout, with_layout_constraint
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -19,21 +20,75 @@ def dtype_of(name: str) -> jnp.dtype:
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm over the last axis; statistics in float32, result in x.dtype (as transformers does)."""
+    """RMSNorm over the last axis: statistics and the scaling in float32, result in x.dtype.
+
+    transformers rounds the normalised value to x.dtype before scaling: identical in float32; in
+    bfloat16 one rounding instead of two (measured slightly closer to the float32 model), and the
+    weight gradient's sum over tokens stays in float32 (in bfloat16 XLA:CPU split that sum into
+    slow reduce-windows).
+    """
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return weight.astype(x.dtype) * normed.astype(x.dtype)
+    return (weight.astype(jnp.float32) * normed).astype(x.dtype)
 
 
 def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """x[..., in] @ kernel[in, out] as one 2-D matmul.
+    """x[..., in] @ kernel[in, out] as one 2-D matmul, result in x.dtype.
 
     Flattening the leading axes keeps the weight-gradient matmul a plain 2-D product; on 3-D
     activations XLA inserted transposes there that made the backward pass much slower on CPU.
     """
     lead = x.shape[:-1]
-    y = jnp.dot(x.reshape(-1, x.shape[-1]), kernel.astype(x.dtype))
+    x2, w = x.reshape(-1, x.shape[-1]), kernel.astype(x.dtype)
+    y = matmul_f32(x2, w).astype(x.dtype) if _cpu_low_precision(x) else jnp.dot(x2, w)
     return y.reshape(*lead, kernel.shape[-1])
+
+
+def matmul_f32(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [M, K] @ w [K, N] accumulated in and returned as float32.
+
+    On CPU with 16-bit operands this goes through `_cpu_matmul_f32`, whose backward pass runs in
+    x's dtype (the cotangent rounded to it, as mixed-precision training does).
+    """
+    if _cpu_low_precision(x):
+        return _cpu_matmul_f32(x, w)
+    return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+
+def _cpu_low_precision(x: jax.Array) -> bool:
+    return x.dtype.itemsize < 4 and jax.default_backend() == "cpu"
+
+
+def row_major(a: jax.Array) -> jax.Array:
+    """`a` laid out row-major in memory: a transposed operand becomes a real transposed copy, not
+    a view with a transposed layout."""
+    return with_layout_constraint(a, Layout(major_to_minor=tuple(range(a.ndim))))
+
+
+@jax.custom_vjp
+def _cpu_matmul_f32(x: jax.Array, w: jax.Array) -> jax.Array:
+    """XLA:CPU runs a bfloat16 dot on the CPU's bf16 matrix units (AMX) only in one form: the plain
+    [M, K] x [K, N] product over row-major operands, accumulated into float32. Anything else (a
+    bfloat16 result, a transposed operand) is upcast to a float32 dot, 4-6x slower on the 2-core
+    AMX host (docs/perf.md). Autodiff would give such forms in the backward pass (float32
+    cotangents, transposed operands), so the backward is written out with materialised transposes.
+    """
+    return jnp.dot(row_major(x), row_major(w), preferred_element_type=jnp.float32)
+
+
+def _cpu_matmul_f32_fwd(x, w):
+    return _cpu_matmul_f32(x, w), (x, w)
+
+
+def _cpu_matmul_f32_bwd(res, g):
+    x, w = res
+    g = g.astype(x.dtype)
+    dx = jnp.dot(g, row_major(w.T), preferred_element_type=jnp.float32).astype(x.dtype)
+    dw = jnp.dot(row_major(x.T), g, preferred_element_type=jnp.float32).astype(w.dtype)
+    return dx, dw
+
+
+_cpu_matmul_f32.defvjp(_cpu_matmul_f32_fwd, _cpu_matmul_f32_bwd)
 
 
 def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
