@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from mpa_jax.train.checkpoint import CheckpointError, find_step_dir
+from mpa_jax.train.checkpoint import CheckpointError, drop_abandoned_read_reports, find_step_dir
 
 
 class _LazyTensor:
@@ -67,6 +67,7 @@ def read_param(state_dir: str, path: tuple[str, ...]) -> np.ndarray:
         node, anode = node.setdefault(key, {}), anode.setdefault(key, {})
     node[path[-1]] = 0
     anode[path[-1]] = ocp.RestoreArgs(restore_type=np.ndarray)
+    drop_abandoned_read_reports()
     try:
         out = ocp.PyTreeCheckpointer().restore(
             state_dir, args=ocp.args.PyTreeRestore(item=item, restore_args=args, partial_restore=True)
@@ -84,6 +85,7 @@ def _read_meta(root: str, step: int) -> dict[str, Any]:
     meta_dir = os.path.join(root, str(step), "meta")
     if not os.path.isdir(meta_dir):
         raise CheckpointError(f"{root}/{step} is not an MPA-JAX training checkpoint (no meta item)")
+    drop_abandoned_read_reports()
     try:
         return ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(meta_dir)
     except Exception as e:
@@ -99,6 +101,7 @@ def _lazy_params(state_dir: str) -> dict[str, Any]:
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)  # orbax warns that the item dir lacks step metadata: expected here
+    drop_abandoned_read_reports()
     try:
         meta = ocp.StandardCheckpointer().metadata(state_dir)
     except Exception as e:

@@ -10,6 +10,7 @@ the middle of a save leaves the previous step as the latest complete one.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Mapping
 
 import jax
@@ -119,6 +120,7 @@ class Checkpointer:
         path = os.path.join(self.directory, str(step), "meta")
         if not os.path.isdir(path):
             raise CheckpointError(f"checkpoint {self.directory}/{step} has no meta item (incomplete or not ours)")
+        drop_abandoned_read_reports()
         try:
             return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as e:  # orbax raises many types; the user needs one sentence
@@ -137,6 +139,7 @@ class Checkpointer:
     def restore(self, step: int, abstract_state: Any, abstract_data: jax.ShapeDtypeStruct) -> tuple[Any, jax.Array]:
         """Restore (state, data_state) of `step` into the given shardings, after the compatibility check."""
         self.check_compatible(step, abstract_state)
+        drop_abandoned_read_reports()
         try:
             out = self._manager.restore(
                 step,
@@ -167,6 +170,30 @@ def _check_finite_shapes(state: Any, abstract_state: Any, where: str) -> None:
         if tuple(got.shape) != tuple(want.shape):
             name = jax.tree_util.keystr(path, simple=True, separator="/")
             raise CheckpointError(f"checkpoint {where}: {name} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+
+
+def drop_abandoned_read_reports() -> None:
+    """Keep a failed orbax restore to its one clear error (called before each restore; idempotent).
+
+    Orbax reads a checkpoint's arrays as concurrent tensorstore reads on an asyncio loop; when one
+    fails it closes the loop and raises, but tensorstore still completes the other reads, and each
+    completion reports `RuntimeError('Event loop is closed')` from `call_soon_threadsafe` through
+    sys.unraisablehook: dozens of tracebacks after our CheckpointError (41 for a corrupt tiny-model
+    checkpoint). From the first call on, exactly those reports are dropped; any other unraisable
+    exception still reaches the previous hook.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_abandoned_reads", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if unraisable.object is None and isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook.drops_abandoned_reads = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def _first_line(e: BaseException) -> str:
