@@ -40,7 +40,7 @@ def dense(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """
     lead = x.shape[:-1]
     x2, w = x.reshape(-1, x.shape[-1]), kernel.astype(x.dtype)
-    y = matmul_f32(x2, w).astype(x.dtype) if _cpu_low_precision(x) else jnp.dot(x2, w)
+    y = _cpu_matmul_f32(x2, w).astype(x.dtype) if _cpu_low_precision(x) else jnp.dot(x2, w)
     return y.reshape(*lead, kernel.shape[-1])
 
 
