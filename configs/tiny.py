@@ -130,4 +130,37 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
+
+    # AI for Data (mpa_jax/data): construction, curation, feedback. (issue 18)
+    c.data = ml_collections.ConfigDict()
+    c.data.tasks_per_round = 48  # new gated train tasks constructed per round (weighted by competence)
+    c.data.oracle_variants = 1
+    c.data.policy_tasks = 16  # train tasks the current policy attempts per round (its verified successes join the data)
+    c.data.teacher_url = ""  # OpenAI-compatible endpoint for teacher trajectories; empty = no teacher
+    c.data.teacher_model = "teacher"
+    c.data.teacher_tasks = 0
+    c.data.max_tokens = 2048  # length cap (tokens per example)
+    c.data.max_examples = 0  # budget per dataset; 0 = keep every curated example
+    c.data.recovery_fraction = 0.2  # recovery traces mixed in up to this share of the dataset
+    c.data.weight_floor = 0.05  # generation weight of cells with competence near 0 or 1
+
+    # Evaluation (mpa eval): the held-out benchmark and the price table for cost per 1,000 tasks. (issue 18)
+    c.eval = ml_collections.ConfigDict()
+    c.eval.split = "test"
+    c.eval.max_tasks = 32  # stratified over category x domain; 0 = the whole split
+    c.eval.k = 1  # runs per task: 1 = one greedy run; k > 1 sampled runs (pass@1, pass^k)
+    c.eval.prices = ml_collections.ConfigDict()
+    c.eval.prices.input_per_mtok = 0.10  # per million input (prompt + tool) tokens
+    c.eval.prices.output_per_mtok = 0.40  # per million output tokens
+    c.eval.prices.per_tool_call = 0.0001
+    c.eval.prices.per_device_second = 0.0005
+    c.eval.prices.currency = "USD"
+
+    # The closed loop (mpa loop). (issue 18)
+    c.loop = ml_collections.ConfigDict()
+    c.loop.rounds = 2
+    c.loop.refresh_steps = 40  # SFT steps per round on the round's curated data (0 = none); RL runs when mpa_jax.rl exists
+    c.loop.refresh_lr = 1e-3
+    c.loop.harness_review = "auto"  # review policy for mined harness proposals: auto | manual
+    c.loop.export_dtype = "bfloat16"
     return c

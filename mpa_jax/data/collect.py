@@ -1,0 +1,198 @@
+"""Trajectory collection: the scripted oracle, a teacher endpoint, and the current policy.
+
+Every collector returns contract Trajectories with provenance `planner` = "oracle" | "teacher:<model>" |
+the policy's label, so curation and datasheets can tell the sources apart. Oracle and teacher episodes
+are text-level chats encoded once with the chat template (loss mask on assistant turns); policy
+episodes come from the agent loop token-in/token-out.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Sequence
+
+from mpa_jax.envs.contract import Action, Step, Trajectory, Verification
+
+
+def _bar(total: int, label: str, enabled: bool) -> tuple[Any, Any] | None:
+    if not enabled or total <= 0:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    p = Progress(TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    p.start()
+    return p, p.add_task(label, total=total)
+
+
+def _encode(tok: Any, task: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], steps: list[Step],
+            verification: Verification, planner: str, seed: int, vocab_limit: int | None) -> Trajectory:
+    from mpa_jax.tokenizer import encode_chat
+
+    ids, mask = encode_chat(tok, messages, tools)
+    if vocab_limit is not None and ids and max(ids) >= vocab_limit:
+        raise ValueError(f"token id {max(ids)} does not fit the model vocabulary ({vocab_limit})")
+    n_out = int(sum(mask))
+    return Trajectory(
+        task_id=task.id, tokens=list(ids), loss_mask=list(mask), logprobs=[0.0] * len(ids), steps=list(steps),
+        verification=verification,
+        costs={"output_tokens": float(n_out), "input_tokens": float(len(ids) - n_out),
+               "tool_calls": float(sum(1 for s in steps if s.action.kind == "tool_call"))},
+        provenance={"task": task.id, "env": "sandbox", "planner": planner, "weight_version": "", "harness_version": "",
+                    "template": task.template, "domain": task.domain, "category": task.category,
+                    "difficulty": int(task.difficulty), "seed": seed},
+        messages=list(messages), finish_reason="stop",
+    )
+
+
+def collect_oracle(tasks: Sequence[Any], tok: Any, *, seed: int = 0, variants: int = 1, vocab_limit: int | None = None,
+                   progress: bool = False) -> list[Trajectory]:
+    """The oracle's demonstrations of `tasks` (`variants` differently seeded phrasings each)."""
+    from mpa_jax.envs import make_env, run_oracle_episode
+
+    env = make_env("sandbox")
+    out: list[Trajectory] = []
+    bar = _bar(len(tasks) * variants, "oracle", progress)
+    try:
+        for i, task in enumerate(tasks):
+            for v in range(max(1, variants)):
+                s = (seed * 1_000_003 + i * 97 + v) % (2**31)
+                ep = run_oracle_episode(env, task, seed=s)
+                out.append(_encode(tok, task, ep.messages, ep.tools, ep.steps, ep.verification, "oracle", s, vocab_limit))
+                if bar:
+                    bar[0].update(bar[1], advance=1)
+    finally:
+        if bar:
+            bar[0].stop()
+        env.close()
+    return out
+
+
+class TeacherClient:
+    """A chat-completions client for any OpenAI-compatible endpoint (`mpa serve`, SGLang, a hosted API).
+
+    `chat(messages, tools) -> assistant message dict` ({"content", "tool_calls"}); HTTP and decoding
+    errors raise `TeacherError` naming the endpoint.
+    """
+
+    def __init__(self, base_url: str, model: str = "teacher", api_key: str = "", timeout_s: float = 60.0,
+                 max_tokens: int = 512, temperature: float = 0.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
+        self.max_tokens, self.temperature = max_tokens, temperature
+
+    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {"model": self.model, "messages": _openai_messages(messages), "tools": tools,
+                "max_tokens": self.max_tokens, "temperature": self.temperature}
+        url = self.base_url + ("/chat/completions" if self.base_url.endswith("/v1") else "/v1/chat/completions")
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                data = json.loads(r.read().decode())
+            return data["choices"][0]["message"]
+        except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as e:
+            raise TeacherError(f"teacher endpoint {url}: {type(e).__name__}: {e}") from None
+
+
+class TeacherError(RuntimeError):
+    """The teacher endpoint failed (unreachable, HTTP error, or an answer that is not a chat completion)."""
+
+
+def _openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Our chat (tool-call arguments as dicts) in the OpenAI wire form (arguments as JSON strings)."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if k != "reasoning_content"}
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = dict(c["function"])
+                if not isinstance(fn.get("arguments"), str):
+                    fn["arguments"] = json.dumps(fn.get("arguments", {}))
+                calls.append({**c, "function": fn})
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+def teacher_episode(client: Any, env: Any, task: Any, max_turns: int = 8) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Step], Verification]:
+    """One episode of `task` planned by the teacher; the chat, tools, steps and verification."""
+    from mpa_jax.envs import action_to_message, feedback_to_message, tool_call_to_action
+
+    obs = env.reset(task)
+    messages, tools = list(obs["messages"]), obs["tools"]
+    steps: list[Step] = []
+    n = 0
+    for _ in range(max_turns):
+        reply = client.chat(messages, tools)
+        calls = reply.get("tool_calls") or []
+        if not calls:
+            a = Action.message(str(reply.get("content") or ""))
+            messages.append(action_to_message(a))
+            env.step(a)
+            steps.append(Step(action=a, feedback=None))
+            break
+        actions = []
+        for c in calls:
+            n += 1
+            a = tool_call_to_action(c)
+            a.call_id = a.call_id or f"call_{n}"
+            actions.append(a)
+        messages.append(action_to_message(actions))
+        for a in actions:
+            fb = env.step(a)
+            steps.append(Step(action=a, feedback=fb))
+            messages.append(feedback_to_message(fb))
+    return messages, tools, steps, env.verify()
+
+
+def collect_teacher(tasks: Sequence[Any], tok: Any, client: Any, *, max_turns: int = 8, vocab_limit: int | None = None,
+                    progress: bool = False, on_error: Callable[[Any, Exception], None] | None = None) -> list[Trajectory]:
+    """Teacher episodes of `tasks` through `client` (a `TeacherClient`). An episode whose endpoint call
+    fails is an infra failure (kept, flagged, never a training example) and reported to `on_error`."""
+    from mpa_jax.envs import make_env
+
+    env = make_env("sandbox")
+    out: list[Trajectory] = []
+    planner = f"teacher:{getattr(client, 'model', 'teacher')}"
+    bar = _bar(len(tasks), "teacher", progress)
+    try:
+        for task in tasks:
+            t0 = time.perf_counter()
+            try:
+                messages, tools, steps, ver = teacher_episode(client, env, task, max_turns)
+                traj = _encode(tok, task, messages, tools, steps, ver, planner, 0, vocab_limit)
+                traj.costs["wall_s"] = time.perf_counter() - t0
+            except TeacherError as e:
+                if on_error is not None:
+                    on_error(task, e)
+                traj = Trajectory(task_id=task.id, tokens=[], loss_mask=[], logprobs=[], steps=[],
+                                  verification=Verification(success=False, score=0.0, infra_error=True),
+                                  provenance={"task": task.id, "planner": planner, "domain": task.domain,
+                                              "category": task.category, "template": task.template,
+                                              "difficulty": int(task.difficulty), "infra_reason": str(e)},
+                                  finish_reason="infra", infra_failure=True)
+            out.append(traj)
+            if bar:
+                bar[0].update(bar[1], advance=1)
+    finally:
+        if bar:
+            bar[0].stop()
+        env.close()
+    return out
+
+
+def collect_policy(config: Any, checkpoint: str | None, tasks: Sequence[Any], *, workdir: str, out_path: str,
+                   label: str = "policy", greedy: bool = False, seed: int | None = None, tokenizer: Any = None,
+                   progress: bool = True) -> tuple[list[Trajectory], dict[str, Any]]:
+    """The current policy's episodes on `tasks` (sampled unless `greedy`) through the agent loop."""
+    from mpa_jax import rollout
+    from mpa_jax.envs import read_jsonl
+
+    summary = rollout.run_rollouts(config, checkpoint, tasks=list(tasks), out_path=out_path, workdir=workdir,
+                                   tokenizer=tokenizer, greedy=greedy, seed=seed, label=label, progress=progress)
+    trajs = read_jsonl(out_path, Trajectory)
+    return trajs, summary

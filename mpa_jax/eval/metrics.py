@@ -1,0 +1,123 @@
+"""Benchmark metrics from trajectories: success, partial score, pass@1, pass^k, lengths, tool calls, cost.
+
+Runs are grouped by task. With n scored runs of a task of which c succeed:
+- success = mean over tasks of c / n (the expected single-run success; equals pass@1);
+- partial score = mean over tasks of the mean Verification score;
+- pass@1 = mean of c / n; pass^k = mean of C(c, k) / C(n, k) (all k of k runs succeed: reliability,
+  tau-bench's estimator, exact when n = k);
+- mean output/input tokens, tool calls and device seconds per run;
+- cost per 1,000 tasks from a price table counting input tokens, output tokens, tool calls and
+  device seconds separately, plus the output-tokens-only figure the seed work reported.
+Infra failures are counted and excluded (never scored as the policy's failure).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Any, Iterable, Mapping
+
+CATEGORY_NAMES = {"tool_use": "Tool Use", "memory": "Memory", "skills": "Skills", "subagent": "Sub-agent"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PriceTable:
+    """Prices: per million input tokens, per million output tokens, per tool call, per device second."""
+
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+    per_tool_call: float = 0.0
+    per_device_second: float = 0.0
+    currency: str = "USD"
+
+    @classmethod
+    def from_config(cls, prices: Any) -> "PriceTable":
+        return cls(input_per_mtok=float(prices.input_per_mtok), output_per_mtok=float(prices.output_per_mtok),
+                   per_tool_call=float(prices.per_tool_call), per_device_second=float(prices.per_device_second),
+                   currency=str(prices.get("currency", "USD")))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k: probability that at least one of k runs drawn from n (c correct) succeeds."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """pass^k: probability that all k runs drawn from n (c correct) succeed."""
+    if k > n:
+        raise ValueError(f"pass^k needs k <= n runs, got k={k}, n={n}")
+    return math.comb(c, k) / math.comb(n, k)
+
+
+def _cost(costs: Mapping[str, float], prices: PriceTable) -> dict[str, float]:
+    parts = {
+        "input_tokens": float(costs.get("input_tokens", 0.0)) * prices.input_per_mtok / 1e6,
+        "output_tokens": float(costs.get("output_tokens", 0.0)) * prices.output_per_mtok / 1e6,
+        "tool_calls": float(costs.get("tool_calls", 0.0)) * prices.per_tool_call,
+        "device_seconds": float(costs.get("device_s", 0.0)) * prices.per_device_second,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _block(runs_by_task: Mapping[str, list[Any]], k: int, prices: PriceTable) -> dict[str, Any]:
+    tasks = [r for r in runs_by_task.values() if r]
+    n_tasks = len(tasks)
+    if not n_tasks:
+        return {"tasks": 0, "runs": 0, "success": 0.0, "partial_score": 0.0, "pass@1": 0.0, f"pass^{k}": 0.0,
+                "mean_output_tokens": 0.0, "mean_input_tokens": 0.0, "mean_tool_calls": 0.0, "mean_device_s": 0.0,
+                "cost_per_1k_tasks": {"input_tokens": 0.0, "output_tokens": 0.0, "tool_calls": 0.0, "device_seconds": 0.0, "total": 0.0},
+                "cost_per_1k_tasks_output_only": 0.0}
+    succ, score, p1, pk = 0.0, 0.0, 0.0, 0.0
+    runs = [t for r in tasks for t in r]
+    for r in tasks:
+        n = len(r)
+        c = sum(1 for t in r if t.verification.success)
+        succ += c / n
+        score += sum(float(t.verification.score) for t in r) / n
+        p1 += pass_at_k(n, c, 1)
+        pk += pass_hat_k(n, c, min(k, n))
+    per_run = [_cost(t.costs, prices) for t in runs]
+    cost = {key: 1000.0 * sum(p[key] for p in per_run) / len(runs) for key in per_run[0]}
+    m = len(runs)
+    return {
+        "tasks": n_tasks, "runs": m,
+        "success": succ / n_tasks, "partial_score": score / n_tasks, "pass@1": p1 / n_tasks, f"pass^{k}": pk / n_tasks,
+        "mean_output_tokens": sum(t.costs.get("output_tokens", 0.0) for t in runs) / m,
+        "mean_input_tokens": sum(t.costs.get("input_tokens", 0.0) for t in runs) / m,
+        "mean_tool_calls": sum(t.costs.get("tool_calls", 0.0) for t in runs) / m,
+        "mean_device_s": sum(t.costs.get("device_s", 0.0) for t in runs) / m,
+        "cost_per_1k_tasks": cost,
+        "cost_per_1k_tasks_output_only": cost["output_tokens"],
+    }
+
+
+def eval_metrics(trajectories: Iterable[Any], k: int = 1, prices: PriceTable | None = None) -> dict[str, Any]:
+    """Overall, per category (display names) and per domain metrics of `trajectories` (k runs per task)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    prices = prices or PriceTable()
+    trajs = list(trajectories)
+    scored = [t for t in trajs if not t.infra_failure and t.verification is not None and not t.verification.infra_error]
+    by_task: dict[str, list[Any]] = collections.defaultdict(list)
+    for t in scored:
+        by_task[t.task_id].append(t)
+    cat_of = {t.task_id: str(t.provenance.get("category", "?")) for t in scored}
+    dom_of = {t.task_id: str(t.provenance.get("domain", "?")) for t in scored}
+
+    def subset(pred: Any) -> dict[str, list[Any]]:
+        return {tid: r for tid, r in by_task.items() if pred(tid)}
+
+    cats = sorted(set(cat_of.values()))
+    doms = sorted(set(dom_of.values()))
+    return {
+        "k": k,
+        "prices": dataclasses.asdict(prices),
+        "episodes": len(trajs),
+        "infra_failures": len(trajs) - len(scored),
+        "overall": _block(by_task, k, prices),
+        "by_category": {CATEGORY_NAMES.get(c, c): _block(subset(lambda tid, c=c: cat_of[tid] == c), k, prices) for c in cats},
+        "by_domain": {d: _block(subset(lambda tid, d=d: dom_of[tid] == d), k, prices) for d in doms},
+    }

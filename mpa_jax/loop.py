@@ -1,0 +1,364 @@
+"""`mpa loop`: the closed loop, in which data, training and harness improve each other round after round.
+
+    round 0:  tokenizer -> data (constructed + train-split tasks, oracle [+ teacher] trajectories, curated)
+              -> eval untrained [-> eval starter] -> SFT cold start -> eval SFT
+    round r:  RL on the env mixture (mpa_jax.rl, when in the build)
+              -> SFT refresh on the round's curated data (config.loop.refresh_steps; 0 = off)
+              -> eval -> mine failures into harness proposals -> review -> release (harness evolution, when in
+              the build) -> data: the policy's competence per cell sets the generation weights, new gated
+              tasks, oracle + the policy's verified successes, curated with a datasheet
+    end:      the final model in Hugging Face format, `summary.json`, `report.html`
+
+Every stage is a function of the run's state; each completed stage is recorded in
+`<workdir>/loop_state.json` (atomically) with its result, so a killed run continues at the first
+unfinished stage; inside a stage SFT resumes from its last orbax checkpoint and evaluation from its last
+complete rollout file. A stage whose engine is not in this build is recorded as skipped with the reason
+(in the state, `summary.json` and the report), never imitated.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import time
+from typing import Any, Callable
+
+STATE_FILE = "loop_state.json"
+
+
+def _write_json(path: str, obj: Any) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def rl_available() -> tuple[bool, str]:
+    """Whether the CARE RL trainer (issue 13) is in this build, and why not."""
+    if importlib.util.find_spec("mpa_jax.rl") is None:
+        return False, "the CARE RL trainer (mpa_jax.rl, issue 13) is not in this build"
+    import mpa_jax.rl as rl
+
+    if not hasattr(rl, "run_rl"):
+        return False, "mpa_jax.rl has no run_rl(config, workdir, init_from=..., tasks=...) entry yet"
+    return True, ""
+
+
+def harness_evolution_available() -> tuple[bool, str]:
+    """Whether harness evolution (mine -> propose -> review -> release, issue 14) is in this build."""
+    if importlib.util.find_spec("mpa_jax.harness.evolution") is None:
+        return False, "harness evolution (mpa_jax.harness.evolution, issue 14) is not in this build"
+    return True, ""
+
+
+class LoopState:
+    """The record of completed and skipped stages, saved after every change."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {"done": {}, "order": [], "skipped": {}}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                self.data = json.load(f)
+
+    def done(self, name: str) -> bool:
+        return name in self.data["done"]
+
+    def result(self, name: str) -> Any:
+        return self.data["done"].get(name)
+
+    def record(self, name: str, result: Any, skipped: str | None = None) -> None:
+        self.data["done"][name] = result
+        if name not in self.data["order"]:
+            self.data["order"].append(name)
+        if skipped:
+            self.data["skipped"][name] = skipped
+        _write_json(self.path, self.data)
+
+
+class Loop:
+    """One run of the closed loop in `workdir` (see the module doc)."""
+
+    def __init__(self, config: Any, workdir: str, *, progress: bool = True, console: Any = None,
+                 after_stage: Callable[[str], None] | None = None) -> None:
+        from rich.console import Console
+
+        self.config = config
+        self.workdir = os.path.abspath(workdir)
+        self.progress = progress
+        self.console = console or Console()
+        self.state = LoopState(os.path.join(self.workdir, STATE_FILE))
+        self.after_stage = after_stage
+        self._tok: Any = None
+        self._heldout: list[Any] | None = None
+        self.resumed: list[str] = []
+
+    # ------------------------------------------------------------------ plumbing
+    def stage(self, name: str, fn: Callable[[], Any]) -> Any:
+        """Run `fn` unless `name` is already done; record its result (a JSON-able dict)."""
+        if self.state.done(name):
+            self.resumed.append(name)
+            self.console.print(f"[dim]resume: stage {name} already done[/]")
+            return self.state.result(name)
+        self.console.rule(f"[bold]{name}")
+        t0 = time.perf_counter()
+        result = fn()
+        skipped = result.get("skipped") if isinstance(result, dict) else None
+        if isinstance(result, dict):
+            result.setdefault("wall_s", time.perf_counter() - t0)
+        self.state.record(name, result, skipped)
+        if skipped:
+            self.console.print(f"[yellow]skipped {name}: {skipped}[/]")
+        if self.after_stage is not None:
+            self.after_stage(name)
+        return result
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.workdir, *parts)
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tok is None:
+            from mpa_jax import tokenizer as tk
+
+            init = str(self.config.model.get("init_from", "") or "")
+            if not str(self.config.tokenizer.get("path", "") or "") and init and tk.is_tokenizer_dir(init):
+                self.config.tokenizer.path = init  # a pretrained start brings its own tokenizer (DESIGN §9)
+            self._tok = tk.tokenizer_for_config(self.config, self.workdir)
+            if self._tok.vocab_size > int(self.config.model.vocab_size) and not init:
+                raise ValueError(f"tokenizer has {self._tok.vocab_size} ids, more than config.model.vocab_size={self.config.model.vocab_size}")
+        return self._tok
+
+    def tokenizer_dir(self) -> str:
+        path = str(self.config.tokenizer.get("path", "") or "")
+        return path or self.path("tokenizer")
+
+    @property
+    def heldout(self) -> list[Any]:
+        if self._heldout is None:
+            from mpa_jax.eval import heldout_tasks
+
+            ev = self.config.eval
+            self._heldout = heldout_tasks(str(ev.split), int(ev.max_tasks), seed=int(self.config.tasks.seed),
+                                          per_template=int(self.config.tasks.per_template))
+        return self._heldout
+
+    # ------------------------------------------------------------------ stages
+    def build_data(self, round_index: int, checkpoint: str | None) -> dict[str, Any]:
+        """Construct gated tasks by the current generation weights, collect, curate, write a datasheet."""
+        from mpa_jax.data import (CurationConfig, TeacherClient, all_keys, collect_oracle, collect_policy, collect_teacher,
+                                  competence_from_trajectories, construct_tasks, curate, generation_weights)
+
+        cfg, d = self.config, self.config.data
+        out_dir = self.path("data", f"r{round_index}")
+        keys = all_keys("train")
+        trajs: list[Any] = []
+        competence: dict[str, Any] = {}
+        if checkpoint is not None and int(d.policy_tasks) > 0:
+            # the policy's competence per cell on fresh probe tasks sets this round's generation weights
+            probe, _ = construct_tasks(int(d.policy_tasks), None, round_index=round_index, seed=int(cfg.seed) + 7919)
+            policy_trajs, _ = collect_policy(cfg, checkpoint, probe, workdir=self.workdir, out_path=os.path.join(out_dir, "policy.jsonl"),
+                                             label=f"policy r{round_index}", greedy=False, seed=int(cfg.seed) + round_index,
+                                             tokenizer=self.tokenizer, progress=self.progress)
+            competence = competence_from_trajectories(policy_trajs)
+            trajs += policy_trajs
+        weights = generation_weights(competence, keys, floor=float(d.weight_floor))
+        tasks, stats = construct_tasks(int(d.tasks_per_round), weights, round_index=round_index, seed=int(cfg.seed))
+        if round_index == 0 and int(cfg.oracle.max_tasks) != 0:
+            from mpa_jax.envs import load_tasks
+
+            train = load_tasks("train", seed=int(cfg.tasks.seed), per_template=int(cfg.tasks.per_template))
+            tasks = list(train[: int(cfg.oracle.max_tasks)] if int(cfg.oracle.max_tasks) > 0 else train) + tasks
+        vocab = None if str(cfg.model.get("init_from", "") or "") else int(cfg.model.vocab_size)
+        trajs += collect_oracle(tasks, self.tokenizer, seed=int(cfg.seed) + round_index, variants=int(d.oracle_variants),
+                                vocab_limit=vocab, progress=self.progress)
+        if str(d.teacher_url) and int(d.teacher_tasks) > 0:
+            client = TeacherClient(str(d.teacher_url), model=str(d.teacher_model))
+            trajs += collect_teacher(tasks[: int(d.teacher_tasks)], self.tokenizer, client, max_turns=int(cfg.rollout.max_turns),
+                                     vocab_limit=vocab, progress=self.progress)
+        result = curate(trajs, CurationConfig.from_config(d, max_tokens=min(int(d.max_tokens), int(cfg.sft.seq_len)), target=weights))
+        sheet_path = result.write(os.path.join(out_dir, "sft.jsonl"), name=f"round {round_index}")
+        _write_json(os.path.join(out_dir, "construction.json"), {"weights": weights, "competence": competence, **stats.to_dict()})
+        sheet = result.datasheet
+        self.console.print(f"data r{round_index}: {sheet['examples']} examples ({sheet['recovery_traces']} recovery traces), "
+                           f"{sheet['failures']} failures kept for harness mining; sources {sheet['sources']}; "
+                           f"gate kept {stats.kept}/{stats.draws} draws")
+        return {"path": os.path.join(out_dir, "sft.jsonl"), "datasheet": sheet_path, "examples": sheet["examples"],
+                "failures_path": sheet["failures_path"], "weights": weights, "competence": competence,
+                "construct": {"kept": stats.kept, "draws": stats.draws, "rejected": sum(stats.rejected.values())}}
+
+    def evaluate(self, name: str, checkpoint: str | None) -> dict[str, Any]:
+        from mpa_jax.eval import evaluate
+
+        rep = evaluate(self.config, checkpoint, out_dir=self.path("eval", name), tasks=self.heldout, harness="off",
+                       k=int(self.config.eval.k), workdir=self.workdir, label=name, tokenizer=self.tokenizer,
+                       progress=self.progress)
+        m = rep["harness"]["off"]
+        o = m["overall"]
+        return {"checkpoint": checkpoint, "eval_json": self.path("eval", name, "eval.json"), "weight_version": rep["weight_version"],
+                "success": o["success"], "partial_score": o["partial_score"], "mean_output_tokens": o["mean_output_tokens"],
+                "mean_tool_calls": o["mean_tool_calls"], "cost_per_1k_tasks": o["cost_per_1k_tasks"]["total"],
+                "cost_per_1k_tasks_output_only": o["cost_per_1k_tasks_output_only"],
+                "by_category": {k: v["success"] for k, v in m["by_category"].items()}, "tasks": rep["tasks"]}
+
+    def sft(self, name: str, data_path: str, init_from: str | None, steps: int, lr: float | None = None) -> dict[str, Any]:
+        from mpa_jax.sft import run_sft
+
+        cfg = copy.deepcopy(self.config)
+        cfg.sft.steps = int(steps)
+        cfg.sft.export_dtype = str(self.config.loop.export_dtype)
+        if init_from:
+            cfg.model.init_from = init_from
+        if lr is not None:
+            cfg.sft.lr = float(lr)
+            cfg.sft.warmup_steps = min(int(cfg.sft.warmup_steps), max(1, steps // 10))
+        if not str(cfg.tokenizer.get("path", "") or ""):
+            cfg.tokenizer.path = self.tokenizer_dir()
+        res = run_sft(cfg, self.path(name), data_path, export=True, progress=self.progress)
+        return {"export_dir": res.export_dir, "steps": res.steps, "train_loss": res.train_loss, "eval_loss": res.eval_loss,
+                "losses": res.losses, "metrics_path": res.metrics_path, "resumed_from": res.resumed_from}
+
+    def rl(self, round_index: int, checkpoint: str) -> dict[str, Any]:
+        ok, why = rl_available()
+        if not ok:
+            return {"skipped": why, "export_dir": checkpoint}
+        import mpa_jax.rl as rl
+
+        res = rl.run_rl(self.config, self.path(f"r{round_index}", "rl"), init_from=checkpoint)
+        res = dict(res) if isinstance(res, dict) else dict(vars(res))
+        return {k: v for k, v in res.items() if isinstance(v, (int, float, str, list, dict, type(None)))}
+
+    def harness(self, round_index: int, eval_result: dict[str, Any], data_result: dict[str, Any] | None) -> dict[str, Any]:
+        """Mine failures (held-out eval and the round's data) into clusters; release through harness evolution."""
+        from mpa_jax.data import failure_clusters
+        from mpa_jax.envs import Trajectory, read_jsonl
+
+        failures = []
+        run_dir = os.path.join(os.path.dirname(eval_result["eval_json"]), "off")
+        for f in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
+            if f.endswith(".jsonl"):
+                failures += [t for t in read_jsonl(os.path.join(run_dir, f), Trajectory)
+                             if not t.infra_failure and t.verification is not None and not t.verification.success]
+        if data_result and os.path.exists(data_result.get("failures_path", "")):
+            failures += read_jsonl(data_result["failures_path"], Trajectory)
+        clusters = failure_clusters(failures)
+        mined = self.path("harness", f"r{round_index}", "failure_clusters.json")
+        _write_json(mined, {"failures": len(failures), "clusters": clusters})
+        prev = self.state.result(f"r{round_index - 1}/harness") if round_index > 1 else None
+        version = (prev or {}).get("version", "none")
+        ok, why = harness_evolution_available()
+        if not ok:
+            return {"skipped": f"release: {why} (failures mined: {len(failures)} in {len(clusters)} clusters)",
+                    "mined": mined, "failures": len(failures), "clusters": clusters[:5], "version": version, "changes": []}
+        from mpa_jax.harness import evolution  # wired when issue 14 lands
+
+        rel = evolution.propose_review_release(clusters, failures, workdir=self.path("harness"), review=str(self.config.loop.harness_review))
+        rel = dict(rel)
+        rel.update(mined=mined, failures=len(failures))
+        return rel
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict[str, Any]:
+        cfg = self.config
+        t0 = time.perf_counter()
+        os.makedirs(self.workdir, exist_ok=True)
+        self.stage("tokenizer", lambda: {"vocab_size": self.tokenizer.vocab_size, "dir": self.tokenizer_dir()})
+        data0 = self.stage("r0/data", lambda: self.build_data(0, None))
+        untrained = self.stage("eval/untrained", lambda: self.evaluate("untrained", None))
+        init = str(cfg.model.get("init_from", "") or "")
+        rows = [("untrained", untrained, "none")]
+        if init:
+            rows.append(("starter", self.stage("eval/starter", lambda: self.evaluate("starter", init)), "none"))
+        sft = self.stage("r0/sft", lambda: self.sft("sft", data0["path"], init or None, int(cfg.sft.steps)))
+        current = sft["export_dir"]
+        rows.append(("SFT", self.stage("eval/sft", lambda: self.evaluate("sft", current)), "none"))
+        data_prev = data0
+        datasets = [data0]
+        harness_version = "none"
+        for r in range(1, int(cfg.loop.rounds) + 1):
+            rl = self.stage(f"r{r}/rl", lambda: self.rl(r, current))
+            current = rl.get("export_dir") or current
+            if int(cfg.loop.refresh_steps) > 0:
+                mix = self.mix_data(r, [d["path"] for d in datasets])
+                ref = self.stage(f"r{r}/refresh", lambda: self.sft(f"r{r}/refresh", mix, current,
+                                                                   int(cfg.loop.refresh_steps), float(cfg.loop.refresh_lr)))
+                current = ref["export_dir"]
+            ev = self.stage(f"eval/r{r}", lambda: self.evaluate(f"r{r}", current))
+            h = self.stage(f"r{r}/harness", lambda: self.harness(r, ev, data_prev))
+            harness_version = h.get("version", harness_version)
+            rows.append((f"round {r}", ev, harness_version))
+            data_prev = self.stage(f"r{r}/data", lambda: self.build_data(r, current))
+            datasets.append(data_prev)
+        final = self.stage("export", lambda: self.export(current))
+        summary = self.summary(rows, final, time.perf_counter() - t0)
+        from mpa_jax.report import write_report
+
+        summary["report"] = write_report(self.workdir, summary)
+        _write_json(self.path("summary.json"), summary)
+        return summary
+
+    def mix_data(self, round_index: int, paths: list[str]) -> str:
+        """The refresh data of a round: every curated dataset so far (the newest round's cells are
+        weighted by competence; replaying the earlier ones keeps what was learned)."""
+        out = self.path(f"r{round_index}", "refresh_data.jsonl")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out + ".tmp", "w", encoding="utf-8") as f:
+            for p in paths:
+                with open(p, encoding="utf-8") as src:
+                    shutil.copyfileobj(src, f)
+        os.replace(out + ".tmp", out)
+        return out
+
+    def export(self, current: str) -> dict[str, Any]:
+        """The final model as a Hugging Face directory `<workdir>/final` (weights, config, tokenizer)."""
+        out = self.path("final")
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        shutil.copytree(current, out)
+        return {"export_dir": out, "from": current}
+
+    def summary(self, rows: list[tuple[str, dict[str, Any], str]], final: dict[str, Any], wall_s: float) -> dict[str, Any]:
+        st = self.state.data
+        datasheets = [st["done"][n]["datasheet"] for n in st["order"] if n.endswith("/data") and n in st["done"]]
+        losses = {n: st["done"][n].get("losses", []) for n in st["order"] if n.endswith("sft") or n.endswith("refresh")}
+        return {
+            "config": str(self.config.get("name", "")),
+            "split": str(self.config.eval.split),
+            "heldout_tasks": len(self.heldout),
+            "stages": [{"name": name, "success": ev["success"], "partial_score": ev["partial_score"],
+                        "by_category": ev["by_category"], "mean_output_tokens": ev["mean_output_tokens"],
+                        "mean_tool_calls": ev["mean_tool_calls"], "cost_per_1k_tasks": ev["cost_per_1k_tasks"],
+                        "cost_per_1k_tasks_output_only": ev["cost_per_1k_tasks_output_only"],
+                        "weight_version": ev["weight_version"], "harness_version": hv, "eval_json": ev["eval_json"]}
+                       for name, ev, hv in rows],
+            "skipped": [{"stage": k, "reason": v} for k, v in st["skipped"].items()],
+            "harness": [{"round": n.split("/")[0], **{k: v for k, v in st["done"][n].items() if k in ("version", "changes", "failures", "clusters", "skipped")}}
+                        for n in st["order"] if n.endswith("/harness")],
+            "datasheets": datasheets,
+            "training_losses": losses,
+            "final_export": final["export_dir"],
+            "resumed_stages": list(self.resumed),
+            "wall_s_this_run": wall_s,
+        }
+
+
+def format_headline(summary: dict[str, Any]) -> str:
+    """The headline table: held-out success per stage, overall and per category, with versions."""
+    stages = summary["stages"]
+    cats = sorted({c for s in stages for c in s["by_category"]})
+    head = f"{'stage':<11}{'overall':>9}" + "".join(f"{c:>11}" for c in cats) + f"{'out tok':>9}{'calls':>7}{'cost/1k':>9}  weights / harness"
+    lines = [f"held-out success on {summary['heldout_tasks']} {summary['split']} tasks", head]
+    for s in stages:
+        lines.append(f"{s['name']:<11}{100 * s['success']:8.1f}%" + "".join(
+            f"{100 * s['by_category'][c]:10.1f}%" if c in s["by_category"] else f"{'-':>11}" for c in cats)
+            + f"{s['mean_output_tokens']:9.1f}{s['mean_tool_calls']:7.2f}{s['cost_per_1k_tasks']:9.4f}  {s['weight_version']} / {s['harness_version']}")
+    for sk in summary["skipped"]:
+        lines.append(f"skipped {sk['stage']}: {sk['reason']}")
+    return "\n".join(lines)
+
+
+def run_loop(config: Any, workdir: str, **kw: Any) -> dict[str, Any]:
+    """Run (or continue) the closed loop in `workdir`; returns the summary (also in summary.json)."""
+    return Loop(config, workdir, **kw).run()

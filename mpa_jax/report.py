@@ -1,0 +1,180 @@
+"""The run report: `<workdir>/report.html`, one self-contained file (inline CSS, PNG plots as base64
+data URIs) that opens in a browser with no server.
+
+Sections: the headline table; success by stage and by category; output length over training (and the
+SFT loss); CARE vs vanilla curves when `<workdir>/care_vs_vanilla.json` exists; harness versions and what
+each changed; cost per 1,000 tasks; skipped stages with their reasons; dataset datasheets.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+from typing import Any
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+table{border-collapse:collapse;margin:8px 0 18px}td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
+th{background:#eef}td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #ddd;margin:6px 0}
+.note{color:#666;font-style:italic}h2{border-bottom:2px solid #88a;padding-bottom:2px}"""
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _img(uri: str, alt: str) -> str:
+    return f'<img class="plot" alt="{html.escape(alt)}" src="{uri}">'
+
+
+def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    h = "".join(f"<th>{html.escape(str(x))}</th>" for x in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _plots(summary: dict[str, Any], workdir: str) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = summary["stages"]
+    names = [s["name"] for s in stages]
+    cats = sorted({c for s in stages for c in s["by_category"]})
+    out: dict[str, str] = {}
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(names, [100 * s["success"] for s in stages], "o-", lw=2.5, color="k", label="Overall")
+    for c in cats:
+        ax.plot(names, [100 * s["by_category"].get(c, float("nan")) for s in stages], "o--", label=c)
+    ax.set_ylabel("held-out success (%)")
+    ax.set_title("Success by stage and category")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    out["success"] = _png(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / max(1, len(stages))
+    for i, s in enumerate(stages):
+        ax.bar([j + i * width for j in range(len(cats))], [100 * s["by_category"].get(c, 0.0) for c in cats], width, label=s["name"])
+    ax.set_xticks([j + width * (len(stages) - 1) / 2 for j in range(len(cats))], cats)
+    ax.set_ylabel("success (%)")
+    ax.set_title("Success by category, per stage")
+    ax.legend(fontsize=8)
+    out["categories"] = _png(fig)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    a1.plot(names, [s["mean_output_tokens"] for s in stages], "s-")
+    a1.set_title("Mean output tokens per episode")
+    a1.grid(alpha=0.3)
+    for name, losses in summary.get("training_losses", {}).items():
+        if losses:
+            a2.plot(range(1, len(losses) + 1), losses, label=name)
+    a2.set_title("Training loss (per log window)")
+    a2.set_xlabel("log window")
+    a2.legend(fontsize=8)
+    a2.grid(alpha=0.3)
+    out["length"] = _png(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.bar(names, [s["cost_per_1k_tasks"] for s in stages], label="all (input+output+tools+device)")
+    ax.bar(names, [s["cost_per_1k_tasks_output_only"] for s in stages], label="output tokens only")
+    ax.set_title("Cost per 1,000 tasks")
+    ax.legend(fontsize=8)
+    out["cost"] = _png(fig)
+
+    cv = os.path.join(workdir, "care_vs_vanilla.json")
+    if os.path.exists(cv):
+        with open(cv, encoding="utf-8") as f:
+            curves = json.load(f)
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.4))
+        for name, c in curves.items():
+            a1.plot(c["step"], [100 * x for x in c["success"]], label=name)
+            a2.plot(c["step"], c["output_tokens"], label=name)
+        a1.set_title("success (%) over RL steps")
+        a2.set_title("output tokens over RL steps")
+        a1.legend()
+        a2.legend()
+        out["care"] = _png(fig)
+    return out
+
+
+def render_report(summary: dict[str, Any], workdir: str) -> str:
+    """The report's HTML for `summary` (the loop's summary.json)."""
+    from mpa_jax.loop import format_headline
+
+    p = _plots(summary, workdir)
+    stages = summary["stages"]
+    cats = sorted({c for s in stages for c in s["by_category"]})
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>MPA-JAX run report: {html.escape(summary.get('config', ''))}</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>MPA-JAX closed loop: {html.escape(summary.get('config', ''))}</h1>",
+             f"<p>Held-out success on {summary['heldout_tasks']} {html.escape(summary['split'])} tasks (greedy unless k &gt; 1).</p>",
+             "<h2 id='headline'>Headline</h2>",
+             _table(["stage", "overall"] + cats + ["partial score", "output tokens", "tool calls", "weights", "harness"],
+                    [[s["name"], _pct(s["success"])] + [_pct(s["by_category"][c]) if c in s["by_category"] else "-" for c in cats]
+                     + [f"{s['partial_score']:.3f}", f"{s['mean_output_tokens']:.1f}", f"{s['mean_tool_calls']:.2f}",
+                        s["weight_version"], s["harness_version"]] for s in stages], "headline"),
+             f"<pre>{html.escape(format_headline(summary))}</pre>",
+             "<h2 id='success'>Success by round and category</h2>", _img(p["success"], "success by stage"), _img(p["categories"], "success by category"),
+             "<h2 id='length'>Output length over training</h2>", _img(p["length"], "output length and loss"),
+             "<h2 id='care'>CARE vs vanilla RL</h2>",
+             _img(p["care"], "CARE vs vanilla") if "care" in p else "<p class='note'>Not run in this loop (no care_vs_vanilla.json).</p>",
+             "<h2 id='harness'>Harness versions</h2>"]
+    hrows = []
+    for h in summary.get("harness", []):
+        changes = "; ".join(str(c) for c in h.get("changes", [])) or "-"
+        top = ", ".join(f"{c['tool']}:{c['error']} x{c['count']}" for c in h.get("clusters", [])[:3]) or "-"
+        hrows.append([h["round"], h.get("version", "none"), changes, h.get("failures", 0), top, h.get("skipped", "") or "released"])
+    parts.append(_table(["round", "version", "changes", "failures mined", "top clusters", "status"], hrows, "harness") if hrows
+                 else "<p class='note'>No rounds run.</p>")
+    parts += ["<h2 id='cost'>Cost per 1,000 tasks</h2>", _img(p["cost"], "cost per 1000 tasks")]
+    crow = []
+    for s in stages:
+        try:
+            with open(s["eval_json"], encoding="utf-8") as f:
+                c = json.load(f)["harness"]["off"]["overall"]["cost_per_1k_tasks"]
+        except (OSError, KeyError, ValueError):
+            c = {"input_tokens": float("nan"), "output_tokens": float("nan"), "tool_calls": float("nan"), "device_seconds": float("nan")}
+        crow.append([s["name"], f"{c['input_tokens']:.4f}", f"{c['output_tokens']:.4f}", f"{c['tool_calls']:.4f}",
+                     f"{c['device_seconds']:.4f}", f"{s['cost_per_1k_tasks']:.4f}", f"{s['cost_per_1k_tasks_output_only']:.4f}"])
+    parts.append(_table(["stage", "input tokens", "output tokens", "tool calls", "device s", "total", "output only (seed's figure)"], crow, "cost"))
+    parts.append("<h2 id='skipped'>Skipped stages</h2>")
+    parts.append(_table(["stage", "reason"], [[s["stage"], s["reason"]] for s in summary.get("skipped", [])], "skipped")
+                 if summary.get("skipped") else "<p>None.</p>")
+    parts.append("<h2 id='datasheets'>Datasheets</h2>")
+    for path in summary.get("datasheets", []):
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            continue
+        parts.append(f"<h3>{html.escape(str(d.get('name', path)))}</h3>")
+        L = d["lengths"]
+        parts.append(_table(["examples", "failures kept", "recovery traces", "drops", "sources", "mean tokens", "p90 tokens", "max tokens"],
+                            [[d["examples"], d["failures"], d["recovery_traces"], json.dumps(d["drops"]), json.dumps(d["sources"]),
+                              f"{L['mean']:.0f}", f"{L['p90']:.0f}", f"{L['max']:.0f}"]], "datasheet"))
+        parts.append(_table(["category", "examples"], [[k, v] for k, v in d["by_category"].items()], "datasheet-cats"))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(workdir: str, summary: dict[str, Any]) -> str:
+    """Write `<workdir>/report.html`; returns its path."""
+    path = os.path.join(workdir, "report.html")
+    text = render_report(summary, workdir)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    return path
