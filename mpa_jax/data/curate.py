@@ -171,7 +171,7 @@ def curate(trajectories: Sequence[Trajectory], cfg: CurationConfig | None = None
         "examples": len(kept),
         "failures": len(failures),
         "input_trajectories": len(trajectories),
-        "drops": dict(sorted(drops.items())),
+        "drops": {k: v for k, v in sorted(drops.items()) if v},
         "recovery_traces": sum(1 for t in kept if is_recovery(t)),
         "recovery_fraction_target": cfg.recovery_fraction,
         "max_tokens": cfg.max_tokens,

@@ -1,0 +1,78 @@
+"""`mpa loop` end to end on configs/micro.py: two rounds, killed with SIGKILL after the cold start and run
+again (it must continue, not redo), then summary.json, the datasheets, the final HF export and the report."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from mpa_jax.loop import STATE_FILE, rl_available
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env(cache):
+    env = dict(os.environ)
+    # one host device (the micro model needs no sharding) and a compilation cache the resumed run reuses
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", MPA_HUGE_PAGES="0")
+    return env
+
+
+def test_two_round_loop_killed_and_resumed(tmp_path):
+    workdir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mpa_jax.cli", "loop", "--config", os.path.join(ROOT, "configs", "micro.py"), "--workdir", str(workdir)]
+    env = _env(tmp_path / "jaxcache")
+    state = workdir / STATE_FILE
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.time()
+    killed = False
+    while time.time() - t0 < 400:
+        if proc.poll() is not None:
+            break
+        if state.exists():
+            try:
+                done = json.loads(state.read_text())["done"]
+            except ValueError:
+                done = {}
+            if "r0/sft" in done:
+                proc.send_signal(signal.SIGKILL)
+                killed = True
+                break
+        time.sleep(0.2)
+    out1 = proc.communicate(timeout=60)[0]
+    assert killed, "the first run ended before it could be killed:\n" + out1[-3000:]
+    first = json.loads(state.read_text())
+    assert "r0/sft" in first["done"] and "export" not in first["done"]
+    untrained_run = workdir / "eval" / "untrained" / "off" / "run0.jsonl"
+    mtime = untrained_run.stat().st_mtime_ns
+
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    summary = json.loads((workdir / "summary.json").read_text())
+    # continued, not redone
+    assert set(first["done"]) <= set(summary["resumed_stages"])
+    assert untrained_run.stat().st_mtime_ns == mtime
+    assert "resume: stage r0/sft already done" in res.stdout
+    # held-out success for untrained, after SFT and after each round, overall and per category, with versions
+    assert [s["name"] for s in summary["stages"]] == ["untrained", "SFT", "round 1", "round 2"]
+    for s in summary["stages"]:
+        assert 0.0 <= s["success"] <= 1.0 and set(s["by_category"]) == {"Tool Use", "Memory", "Skills", "Sub-agent"}
+        assert s["weight_version"] and s["harness_version"]
+        assert os.path.exists(s["eval_json"])
+    assert summary["stages"][0]["weight_version"] == "init"
+    skipped = {s["stage"]: s["reason"] for s in summary["skipped"]}
+    ok, why = rl_available()
+    assert ("r1/rl" in skipped) == (not ok) and (ok or skipped["r1/rl"] == why)
+    # the refresh rounds trained from the previous export
+    st = json.loads(state.read_text())["done"]
+    assert st["r1/refresh"]["steps"] == 2 and st["r2/refresh"]["export_dir"].endswith("r2/refresh/hf")
+    assert st["r1/data"]["weights"] and abs(sum(st["r1/data"]["weights"].values()) - 1.0) < 1e-9
+    assert len(summary["datasheets"]) == 3 and all(os.path.exists(p) for p in summary["datasheets"])
+    assert (workdir / "harness" / "r2" / "failure_clusters.json").exists()
+    assert json.loads((workdir / "final" / "config.json").read_text())["vocab_size"] == 512
+    assert (workdir / "final" / "tokenizer.json").exists() or any(f.startswith("tokenizer") for f in os.listdir(workdir / "final"))
+    html = (workdir / "report.html").read_text()
+    assert html.count('<img class="plot"') >= 4 and "round 2" in html
+    assert "held-out success on 4 test tasks" in res.stdout and "report:" in res.stdout
