@@ -29,10 +29,11 @@ demo: install
 	$(BIN)/mpa demo --config configs/tiny.py
 
 test: install-test
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 bench: install-test
-	for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(BIN)/python bench/run_all.py
 
 clean:
 	rm -rf runs .pytest_cache
