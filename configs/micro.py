@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.tasks_per_round = 6
     c.data.max_tokens = 4096
     c.data.policy_tasks = 2
-    c.eval.max_tasks = 4
+    c.eval.max_tasks = 4  # one per category
     c.loop.rounds = 2
     c.loop.refresh_steps = 2  # = sft.steps and the same lr: the refresh reuses the cold start's compiled step
     c.loop.refresh_lr = c.sft.lr

@@ -189,18 +189,23 @@ class Loop:
                 "failures_path": sheet["failures_path"], "weights": weights, "competence": competence,
                 "construct": {"kept": stats.kept, "draws": stats.draws, "rejected": sum(stats.rejected.values())}}
 
-    def evaluate(self, name: str, checkpoint: str | None) -> dict[str, Any]:
+    def evaluate(self, name: str, checkpoint: str | None, harness_version_dir: str = "") -> dict[str, Any]:
+        """Held-out eval; with a released harness version, the same checkpoint with and without it
+        (the headline is the harness-on figure, the off figure is kept beside it)."""
         from mpa_jax.eval import evaluate
 
-        rep = evaluate(self.config, checkpoint, out_dir=self.path("eval", name), tasks=self.heldout, harness="off",
+        mode = "both" if harness_version_dir else "off"
+        rep = evaluate(self.config, checkpoint, out_dir=self.path("eval", name), tasks=self.heldout, harness=mode,
                        k=int(self.config.eval.k), workdir=self.workdir, label=name, tokenizer=self.tokenizer,
-                       progress=self.progress)
-        m = rep["harness"]["off"]
+                       progress=self.progress, harness_version_dir=harness_version_dir)
+        m = rep["harness"]["on" if harness_version_dir else "off"]
         o = m["overall"]
         return {"checkpoint": checkpoint, "eval_json": self.path("eval", name, "eval.json"), "weight_version": rep["weight_version"],
                 "success": o["success"], "partial_score": o["partial_score"], "mean_output_tokens": o["mean_output_tokens"],
                 "mean_tool_calls": o["mean_tool_calls"], "cost_per_1k_tasks": o["cost_per_1k_tasks"]["total"],
                 "cost_per_1k_tasks_output_only": o["cost_per_1k_tasks_output_only"],
+                "harness_mode": "on" if harness_version_dir else "off",
+                "success_harness_off": rep["harness"]["off"]["overall"]["success"],
                 "by_category": {k: v["success"] for k, v in m["by_category"].items()}, "tasks": rep["tasks"]}
 
     def sft(self, name: str, data_path: str, init_from: str | None, steps: int, lr: float | None = None) -> dict[str, Any]:
@@ -221,43 +226,76 @@ class Loop:
                 "losses": res.losses, "metrics_path": res.metrics_path, "resumed_from": res.resumed_from}
 
     def rl(self, round_index: int, checkpoint: str) -> dict[str, Any]:
+        """CARE RL (`config.rl`) from the current HF model, exported to HF; skipped with the reason
+        when the RL trainer is not in this build or `config.rl.steps` is 0."""
         ok, why = rl_available()
         if not ok:
             return {"skipped": why, "export_dir": checkpoint}
+        if int(self.config.rl.get("steps", 0) or 0) <= 0:
+            return {"skipped": "config.rl.steps is 0", "export_dir": checkpoint}
         import mpa_jax.rl as rl
+        from mpa_jax.export import export_checkpoint
 
-        res = rl.run_rl(self.config, self.path(f"r{round_index}", "rl"), init_from=checkpoint)
-        res = dict(res) if isinstance(res, dict) else dict(vars(res))
-        return {k: v for k, v in res.items() if isinstance(v, (int, float, str, list, dict, type(None)))}
+        cfg = copy.deepcopy(self.config)
+        if not str(cfg.tokenizer.get("path", "") or ""):
+            cfg.tokenizer.path = self.tokenizer_dir()
+        run_dir = self.path(f"r{round_index}", "rl")
+        res = rl.run_rl(cfg, run_dir, init=checkpoint, tokenizer=self.tokenizer, progress=self.progress)
+        hf = export_checkpoint(res.checkpoint_dir, os.path.join(run_dir, "hf"), dtype=str(self.config.loop.export_dtype),
+                               tokenizer_dir=self.tokenizer_dir())
+        hist = list(res.history)
+        return {"export_dir": hf, "steps": int(res.steps), "weight_version": int(res.weight_version),
+                "metrics_path": res.metrics_path, "resumed_from": res.resumed_from,
+                "history": [{k: float(v) for k, v in h.items() if isinstance(v, (int, float))} for h in hist]}
 
     def harness(self, round_index: int, eval_result: dict[str, Any], data_result: dict[str, Any] | None) -> dict[str, Any]:
-        """Mine failures (held-out eval and the round's data) into clusters; release through harness evolution."""
+        """Mine failure traces (held-out eval and the round's data) into proposals, review them by
+        `config.loop.harness_review`, release a version when any is approved (harness evolution)."""
         from mpa_jax.data import failure_clusters
         from mpa_jax.envs import Trajectory, read_jsonl
 
-        failures = []
-        run_dir = os.path.join(os.path.dirname(eval_result["eval_json"]), "off")
-        for f in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
-            if f.endswith(".jsonl"):
-                failures += [t for t in read_jsonl(os.path.join(run_dir, f), Trajectory)
-                             if not t.infra_failure and t.verification is not None and not t.verification.success]
-        if data_result and os.path.exists(data_result.get("failures_path", "")):
-            failures += read_jsonl(data_result["failures_path"], Trajectory)
+        episodes: list[Any] = []
+        eval_dir = os.path.dirname(eval_result["eval_json"])
+        for mode in ("off", "on"):
+            run_dir = os.path.join(eval_dir, mode)
+            for f in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
+                if f.endswith(".jsonl"):
+                    episodes += read_jsonl(os.path.join(run_dir, f), Trajectory)
+        if data_result:
+            for key in ("failures_path", "path"):
+                if os.path.exists(data_result.get(key, "")):
+                    episodes += read_jsonl(data_result[key], Trajectory)
+        failures = [t for t in episodes if not t.infra_failure and t.verification is not None and not t.verification.success]
         clusters = failure_clusters(failures)
         mined = self.path("harness", f"r{round_index}", "failure_clusters.json")
         _write_json(mined, {"failures": len(failures), "clusters": clusters})
         prev = self.state.result(f"r{round_index - 1}/harness") if round_index > 1 else None
-        version = (prev or {}).get("version", "none")
+        base = {"mined": mined, "failures": len(failures), "clusters": clusters[:5],
+                "version": (prev or {}).get("version", "none"), "version_dir": (prev or {}).get("version_dir", ""), "changes": []}
         ok, why = harness_evolution_available()
         if not ok:
-            return {"skipped": f"release: {why} (failures mined: {len(failures)} in {len(clusters)} clusters)",
-                    "mined": mined, "failures": len(failures), "clusters": clusters[:5], "version": version, "changes": []}
-        from mpa_jax.harness import evolution  # wired when issue 14 lands
+            return {**base, "skipped": f"release: {why} (failures mined: {len(failures)} in {len(clusters)} clusters)"}
+        from mpa_jax.harness import evolution
+        from mpa_jax.harness.store import HarnessStore
 
-        rel = evolution.propose_review_release(clusters, failures, workdir=self.path("harness"), review=str(self.config.loop.harness_review))
-        rel = dict(rel)
-        rel.update(mined=mined, failures=len(failures))
-        return rel
+        root = self.path("harness")
+        store = HarnessStore(evolution.store_path(root))
+        try:
+            proposals = evolution.mine(episodes)
+            policy = str(self.config.loop.harness_review)
+            added = evolution.submit(store, proposals, policy=policy)
+            version = evolution.release(store, root, episodes)
+        finally:
+            close = getattr(store, "close", None)
+            if close:
+                close()
+        changes = [f"{p['kind']}: {p['cluster']}" for p in proposals if p["id"] in set(added)]
+        if version is None:
+            why = ("no proposals mined" if not proposals else
+                   f"{len(added)} proposal(s) queued for review (loop.harness_review={policy!r}); none approved yet")
+            return {**base, "proposals": len(proposals), "queued": len(added), "skipped": f"release: {why}"}
+        return {**base, "proposals": len(proposals), "queued": len(added), "version": version,
+                "version_dir": os.path.join(root, "versions", version), "changes": changes}
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
@@ -276,7 +314,7 @@ class Loop:
         rows.append(("SFT", self.stage("eval/sft", lambda: self.evaluate("sft", current)), "none"))
         data_prev = data0
         datasets = [data0]
-        harness_version = "none"
+        harness_version, harness_dir = "none", ""
         for r in range(1, int(cfg.loop.rounds) + 1):
             rl = self.stage(f"r{r}/rl", lambda: self.rl(r, current))
             current = rl.get("export_dir") or current
@@ -285,10 +323,10 @@ class Loop:
                 ref = self.stage(f"r{r}/refresh", lambda: self.sft(f"r{r}/refresh", mix, current,
                                                                    int(cfg.loop.refresh_steps), float(cfg.loop.refresh_lr)))
                 current = ref["export_dir"]
-            ev = self.stage(f"eval/r{r}", lambda: self.evaluate(f"r{r}", current))
+            ev = self.stage(f"eval/r{r}", lambda: self.evaluate(f"r{r}", current, harness_dir))
             h = self.stage(f"r{r}/harness", lambda: self.harness(r, ev, data_prev))
-            harness_version = h.get("version", harness_version)
             rows.append((f"round {r}", ev, harness_version))
+            harness_version, harness_dir = h.get("version", harness_version), h.get("version_dir", harness_dir)
             data_prev = self.stage(f"r{r}/data", lambda: self.build_data(r, current))
             datasets.append(data_prev)
         final = self.stage("export", lambda: self.export(current))

@@ -107,6 +107,12 @@ def _plots(summary: dict[str, Any], workdir: str) -> dict[str, str]:
         a1.legend()
         a2.legend()
         out["care"] = _png(fig)
+    else:  # the PNG `mpa experiment care-vs-vanilla` writes, when it was run into this workdir
+        for cand in (os.path.join(workdir, "care_vs_vanilla.png"), os.path.join(workdir, "care_vs_vanilla", "care_vs_vanilla.png")):
+            if os.path.exists(cand):
+                with open(cand, "rb") as f:
+                    out["care"] = "data:image/png;base64," + base64.b64encode(f.read()).decode()
+                break
     return out
 
 

@@ -4,19 +4,27 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from mpa_jax.eval import harness_available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _mpa(tmp_path, *args):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu", MPA_HUGE_PAGES="0")
+@pytest.fixture
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.getbasetemp() / "mpa-jax-compile-cache")  # shared with test_loop
+
+
+def _mpa(tmp_path, cache, *args):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu", MPA_HUGE_PAGES="0",
+               JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     return subprocess.run([sys.executable, "-m", "mpa_jax.cli", "eval", "--config", os.path.join(ROOT, "configs", "micro.py"),
                            "--workdir", str(tmp_path / "run"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_eval_writes_metrics_for_k_runs(tmp_path):
-    res = _mpa(tmp_path, "--checkpoint", "untrained", "--k", "2", "--max-tasks", "2")
+def test_eval_writes_metrics_for_k_runs(tmp_path, cache):
+    res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--k", "2", "--max-tasks", "2")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rep = json.loads((tmp_path / "run" / "eval" / "untrained" / "eval.json").read_text())
     assert rep["k"] == 2 and rep["tasks"] == 2 and rep["split"] == "test" and not rep["greedy"]
@@ -33,12 +41,12 @@ def test_eval_writes_metrics_for_k_runs(tmp_path):
     assert "output tokens only" in res.stdout and "pass^2" in res.stdout
 
 
-def test_eval_bad_input_exits_2(tmp_path):
-    res = _mpa(tmp_path, "--checkpoint", str(tmp_path / "nope"))
+def test_eval_bad_input_exits_2(tmp_path, cache):
+    res = _mpa(tmp_path, cache, "--checkpoint", str(tmp_path / "nope"))
     assert res.returncode == 2 and "no such directory" in res.stderr and res.stderr.count("\n") == 1
-    res = _mpa(tmp_path, "--checkpoint", "untrained", "--harness", "sometimes")
+    res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--harness", "sometimes")
     assert res.returncode == 2 and "--harness must be one of" in res.stderr
     ok, why = harness_available()
     if not ok:  # until the harness runtime lands, `on` and `both` are refused with the reason
-        res = _mpa(tmp_path, "--checkpoint", "untrained", "--harness", "both")
+        res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--harness", "both")
         assert res.returncode == 2 and "harness" in res.stderr and why in res.stderr

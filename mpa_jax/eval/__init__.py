@@ -5,4 +5,4 @@
     report = evaluate(config, "runs/x/hf", split="test", harness="off", k=1, out_dir="runs/x/eval")
 """
 from mpa_jax.eval.metrics import CATEGORY_NAMES, PriceTable, eval_metrics, pass_at_k, pass_hat_k  # noqa: F401
-from mpa_jax.eval.run import HarnessUnavailable, evaluate, harness_available, heldout_tasks  # noqa: F401
+from mpa_jax.eval.run import HarnessUnavailable, evaluate, harness_available, heldout_tasks, with_harness  # noqa: F401

@@ -7,8 +7,8 @@ k = 1 is one greedy run; k > 1 are k sampled runs (config.rollout.temperature, s
 from __future__ import annotations
 
 import collections
+import copy
 import importlib.util
-import inspect
 import json
 import os
 import time
@@ -23,15 +23,28 @@ class HarnessUnavailable(RuntimeError):
     """`--harness on|both` asked for a harness runtime this build does not have yet."""
 
 
-def harness_available() -> tuple[bool, str]:
-    """Whether the agent loop can run through the harness runtime (issue 14), and why not."""
-    from mpa_jax.rollout import run as rollout_run
+def harness_available(config: Any = None) -> tuple[bool, str]:
+    """Whether the agent loop can run through the harness runtime (issue 14), and why not.
 
+    The seam is `config.harness.enabled`: `run_rollouts` then puts the harness session between the
+    planner and the env."""
     if importlib.util.find_spec("mpa_jax.harness.runtime") is None:
         return False, "the harness runtime (mpa_jax.harness.runtime, issue 14) is not in this build"
-    if "harness" not in inspect.signature(rollout_run.run_rollouts).parameters:
-        return False, "the agent loop (mpa_jax.rollout.run_rollouts) has no `harness` seam yet"
+    if config is not None and "enabled" not in config.get("harness", {}):
+        return False, "the config has no harness section (config.harness.enabled)"
     return True, ""
+
+
+def with_harness(config: Any, on: bool, version_dir: str = "") -> Any:
+    """A copy of `config` with the harness on or off (and running under `version_dir` when given)."""
+    cfg = copy.deepcopy(config)
+    if "harness" in cfg and "enabled" in cfg.harness:
+        cfg.harness.enabled = bool(on)
+        if on and version_dir:
+            cfg.harness.version_dir = version_dir
+    elif on:
+        raise HarnessUnavailable("the config has no harness section (config.harness.enabled)")
+    return cfg
 
 
 def heldout_tasks(split: str, n: int, *, seed: int = 0, per_template: int = 0) -> list[Any]:
@@ -83,8 +96,11 @@ def evaluate(
     engine: Any = None,
     tokenizer: Any = None,
     progress: bool = True,
+    harness_version_dir: str = "",
 ) -> dict[str, Any]:
-    """Evaluate `checkpoint` (an HF directory, or None: the config's untrained model); write eval.json."""
+    """Evaluate `checkpoint` (an HF directory, or None: the config's untrained model); write eval.json.
+
+    `harness_version_dir`: an approved harness version to run "on" under (default: the config's)."""
     from mpa_jax.envs import Trajectory, read_jsonl
     from mpa_jax.rollout import run as rollout_run
 
@@ -95,7 +111,7 @@ def evaluate(
         raise ValueError(f"k must be >= 1, got {k}")
     modes = _modes(harness)
     if "on" in modes:
-        ok, why = harness_available()
+        ok, why = harness_available(config)
         if not ok:
             raise HarnessUnavailable(f"--harness {harness}: {why}; use --harness off")
     if tasks is None:
@@ -118,10 +134,10 @@ def evaluate(
             path = os.path.join(out_dir, mode, f"run{i}.jsonl")
             summary_path = path[:-6] + ".summary.json"
             if not os.path.exists(summary_path):  # the summary is written after the rollouts: a complete run
-                kw: dict[str, Any] = {"harness": True} if mode == "on" else {}
-                rollout_run.run_rollouts(config, engine, tasks=tasks, out_path=path, tokenizer=tokenizer,
+                cfg = with_harness(config, mode == "on", harness_version_dir) if mode == "on" or "harness" in config else config
+                rollout_run.run_rollouts(cfg, engine, tasks=tasks, out_path=path, tokenizer=tokenizer,
                                          greedy=(k == 1), seed=int(config.seed) + i, label=f"{label}/{mode}/{i}",
-                                         progress=progress, **kw)
+                                         progress=progress)
             trajs += read_jsonl(path, Trajectory)
         results[mode] = eval_metrics(trajs, k=k, prices=prices)
     report: dict[str, Any] = {
