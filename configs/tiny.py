@@ -139,6 +139,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.teacher_url = ""  # OpenAI-compatible endpoint for teacher trajectories; empty = no teacher
     c.data.teacher_model = "teacher"
     c.data.teacher_tasks = 0
+    c.data.paraphrase = False  # reword constructed instructions through the teacher endpoint (re-gated)
     c.data.max_tokens = 2048  # length cap (tokens per example)
     c.data.max_examples = 0  # budget per dataset; 0 = keep every curated example
     c.data.recovery_fraction = 0.2  # recovery traces mixed in up to this share of the dataset

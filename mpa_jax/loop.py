@@ -165,7 +165,12 @@ class Loop:
             competence = competence_from_trajectories(policy_trajs)
             trajs += policy_trajs
         weights = generation_weights(competence, keys, floor=float(d.weight_floor))
-        tasks, stats = construct_tasks(int(d.tasks_per_round), weights, round_index=round_index, seed=int(cfg.seed))
+        para = None
+        if str(d.teacher_url) and bool(d.paraphrase):
+            from mpa_jax.data import paraphraser
+
+            para = paraphraser(TeacherClient(str(d.teacher_url), model=str(d.teacher_model), temperature=0.7))
+        tasks, stats = construct_tasks(int(d.tasks_per_round), weights, round_index=round_index, seed=int(cfg.seed), paraphrase=para)
         if round_index == 0 and int(cfg.oracle.max_tasks) != 0:
             from mpa_jax.envs import load_tasks
 

@@ -159,3 +159,36 @@ def test_teacher_collection_over_loopback_http(tok):
                            on_error=lambda t, e: errors.append(e))
     assert dead[0].infra_failure and isinstance(errors[0], TeacherError)
     assert curate(dead).datasheet["drops"] == {"infra": 1}
+
+
+class _Rewriter(http.server.BaseHTTPRequestHandler):
+    """Rewords by prefixing; drops the digits of requests that mention 'drop' (a bad rewording)."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = body["messages"][-1]["content"]
+        out = "Could you please do this: " + text[0].lower() + text[1:]
+        out = json.dumps({"choices": [{"message": {"role": "assistant", "content": out}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+
+def test_paraphrased_construction_is_gated():
+    from mpa_jax.data import paraphraser
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Rewriter)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        para = paraphraser(TeacherClient(f"http://127.0.0.1:{srv.server_address[1]}"))
+        tasks, stats = construct_tasks(3, None, round_index=5, paraphrase=para)
+    finally:
+        srv.shutdown()
+    assert stats.paraphrased >= 1 and len(tasks) == 3
+    for t in tasks:
+        if t.metadata.get("paraphrased"):
+            assert t.instruction.startswith("Could you please do this:") and check_task(t) is None

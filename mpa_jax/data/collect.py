@@ -101,6 +101,31 @@ class TeacherError(RuntimeError):
     """The teacher endpoint failed (unreachable, HTTP error, or an answer that is not a chat completion)."""
 
 
+PARAPHRASE_PROMPT = ("Rewrite the user's request to a phone assistant in different words. Keep every name, number, "
+                     "date, time, place and quoted value exactly as written. Answer with the rewritten request only.")
+
+
+def paraphraser(client: Any) -> Callable[[Any], str | None]:
+    """A `construct_tasks(paraphrase=...)` hook that asks `client` (a TeacherClient or any object with
+    `chat(messages, tools)`) to reword a task's instruction. Rewordings that drop a quoted value or a
+    number of the original are refused (None), and the task keeps its words; every kept rewording goes
+    through the quality gate again."""
+    import re
+
+    def rewrite(task: Any) -> str | None:
+        try:
+            reply = client.chat([{"role": "system", "content": PARAPHRASE_PROMPT}, {"role": "user", "content": task.instruction}], [])
+        except TeacherError:
+            return None
+        text = str(reply.get("content") or "").strip()
+        must = re.findall(r"\d+(?:[.,:]\d+)*|'[^']+'|\"[^\"]+\"", task.instruction)
+        if not text or any(m not in text for m in must):
+            return None
+        return text
+
+    return rewrite
+
+
 def _openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Our chat (tool-call arguments as dicts) in the OpenAI wire form (arguments as JSON strings)."""
     out = []
