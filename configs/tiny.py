@@ -160,8 +160,8 @@ def get_config() -> ml_collections.ConfigDict:
     # The closed loop (mpa loop). (issue 18)
     c.loop = ml_collections.ConfigDict()
     c.loop.rounds = 2
-    c.loop.refresh_steps = 40  # SFT steps per round on the round's curated data (0 = none); RL runs when mpa_jax.rl exists
-    c.loop.refresh_lr = 1e-3
+    c.loop.refresh_steps = 40  # SFT steps per round on the curated data so far (0 = none); also the cold start's from a starter
+    c.loop.refresh_lr = 3e-4
     c.loop.harness_review = "auto"  # review policy for mined harness proposals: auto | manual
     c.loop.export_dtype = "bfloat16"
     return c

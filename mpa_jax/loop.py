@@ -314,7 +314,11 @@ class Loop:
         rows = [("untrained", untrained, "none")]
         if init:
             rows.append(("starter", self.stage("eval/starter", lambda: self.evaluate("starter", init)), "none"))
-        sft = self.stage("r0/sft", lambda: self.sft("sft", data0["path"], init or None, int(cfg.sft.steps)))
+        if init:  # from a pretrained start (the starter planner), the cold start is a refresh: few steps, small lr
+            sft = self.stage("r0/sft", lambda: self.sft("sft", data0["path"], init, int(cfg.loop.refresh_steps) or int(cfg.sft.steps),
+                                                        float(cfg.loop.refresh_lr)))
+        else:
+            sft = self.stage("r0/sft", lambda: self.sft("sft", data0["path"], None, int(cfg.sft.steps)))
         current = sft["export_dir"]
         rows.append(("SFT", self.stage("eval/sft", lambda: self.evaluate("sft", current)), "none"))
         data_prev = data0
