@@ -28,6 +28,15 @@ def model():
     return cfg, params
 
 
+_JITTED = {}
+
+
+def _learner_logp(cfg):
+    if cfg not in _JITTED:
+        _JITTED[cfg] = jax.jit(lambda p, b: policy_logprobs(cfg, p, b, temperature=TEMP, chunk=128)[0])
+    return _JITTED[cfg]
+
+
 def _seqs(n, cfg, params, seed=0, max_len=20):
     """Sequences with behaviour log-probs near (not at) the learner's and mixed-sign advantages."""
     trajs = make_trajectories(n, cfg.vocab_size, min_len=6, max_len=max_len, seed=seed)
@@ -35,9 +44,9 @@ def _seqs(n, cfg, params, seed=0, max_len=20):
     out = []
     for t in trajs:
         s, _ = rlbatch.sequence_from_trajectory(t, float(rng.normal()), 64)
-        b = rlbatch.pack([s], 64, pow2_rows=False)
+        b = rlbatch.pack([s], 64)
         b = {k: jnp.asarray(v) for k, v in b.items()}
-        logp, _ = policy_logprobs(cfg, params, b, temperature=TEMP, chunk=128)
+        logp = _learner_logp(cfg)(params, b)
         lp = np.zeros(len(s.tokens), np.float32)
         lp[1:] = np.asarray(logp[0, : len(s.tokens) - 1]) + rng.normal(0, 0.3, len(s.tokens) - 1)
         s.behaviour_logprobs = lp * s.loss_mask
@@ -70,16 +79,21 @@ def test_ratio_one_gives_the_policy_gradient_and_learner_logprobs_match_referenc
     cfg, params = model
     seqs = _seqs(4, cfg, params)
     b = {k: jnp.asarray(v) for k, v in rlbatch.pack(seqs, 64, pow2_rows=False).items()}
-    logp, ent = policy_logprobs(cfg, params, b, temperature=TEMP, chunk=128)
-    hidden = models.hidden_states(cfg, params, b["input_ids"], positions=b["positions"], segment_ids=b["segment_ids"],
-                                  attention_mask=(b["segment_ids"] > 0).astype(jnp.int32))
-    ref_lp, ref_ent = naive_logprobs(hidden, models.unembedding(cfg, params), b["targets"], temperature=TEMP)
+    logp, ent = jax.jit(lambda p, b: policy_logprobs(cfg, p, b, temperature=TEMP, chunk=128))(params, b)
+
+    @jax.jit
+    def reference(params, b):
+        hidden = models.hidden_states(cfg, params, b["input_ids"], positions=b["positions"], segment_ids=b["segment_ids"],
+                                      attention_mask=(b["segment_ids"] > 0).astype(jnp.int32))
+        return naive_logprobs(hidden, models.unembedding(cfg, params), b["targets"], temperature=TEMP)
+
+    ref_lp, ref_ent = reference(params, b)
     np.testing.assert_allclose(np.asarray(logp), np.asarray(ref_lp), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(ent), np.asarray(ref_ent), rtol=1e-5, atol=1e-5)
     # with behaviour == learner log-probs the ratio is 1, nothing is clipped and the gap is 0
     b2 = dict(b, behaviour_logprobs=jax.lax.stop_gradient(logp) * b["loss_weights"])
     loss_fn = make_rl_loss(cfg, temperature=TEMP, clip_low=0.2, clip_high=0.28, chunk=128)
-    s, c, ex = loss_fn(params, b2)
+    s, c, ex = jax.jit(loss_fn)(params, b2)
     m = steplib.extras_as_metrics(ex, c)
     assert float(m["clip_frac"]) == 0.0 and float(m["logprob_gap"]) < 1e-6
     assert float(m["ratio_max"]) == pytest.approx(1.0, abs=1e-5) and float(m["ratio_min"]) == pytest.approx(1.0, abs=1e-5)
@@ -127,29 +141,23 @@ def test_one_batch_equals_micro_batches_equals_packed_rows(model, kl_coef=0.05):
 
 
 def test_train_step_reports_the_loss_extras_and_sft_metrics_stay_fixed(model):
-    from mpa_jax import sharding
+    """The step's metric set is the fixed one plus the loss' extras (shapes only: no compilation)."""
     from mpa_jax.sft import data as sft_data
     from mpa_jax.sft.loss import make_sft_loss
     from mpa_jax.train import optimizer as optlib
     from mpa_jax.train import state as statelib
 
     cfg, params = model
-    mesh = sharding.make_mesh(load_config_file("configs/tiny.py").mesh)
-    rules = sharding.rules_from_config(load_config_file("configs/tiny.py"))
     opt, sched = optlib.make_optimizer(lr=1e-3, warmup_steps=0, total_steps=10)
-    pshape = jax.eval_shape(lambda: params)
-    ssh = statelib.state_shardings(mesh, pshape, sharding.param_shardings(cfg, mesh, rules), opt)
-    row = sharding.batch_sharding(mesh, rules)
-    seqs = _seqs(8, cfg, params, seed=5)
-    batch = rlbatch.pack(seqs, 64, min_rows=8)
-    rl_step = steplib.make_train_step(make_rl_loss(cfg, temperature=TEMP, clip_low=0.2, clip_high=0.28, chunk=128),
-                                      opt, ssh, {k: row for k in batch}, schedule=sched, micro_batches=2)
-    state = statelib.state_from_params(params, opt, 0, ssh)
-    state, m = rl_step(state, {k: jnp.asarray(v) for k, v in batch.items()})
-    for k in ("loss", "tokens", "grad_norm", "clip_frac", "kl", "entropy", "ratio", "logprob_gap", "ratio_max", "ratio_min"):
-        assert k in m and np.isfinite(float(m[k])), k
-    assert 0 <= float(m["clip_frac"]) <= 1 and float(m["ratio_min"]) <= float(m["ratio"]) <= float(m["ratio_max"])
-    sft_rows = [sft_data.pack_row([], 64)] * 8
-    sft_step = steplib.make_train_step(make_sft_loss(cfg, 128), opt, ssh, {k: row for k in sft_data.FIELDS}, schedule=sched)
-    _, m2 = sft_step(state, {k: jnp.asarray(np.stack([r[k] for r in sft_rows])) for k in sft_data.FIELDS})
-    assert set(m2) == {"loss", "loss_sum", "tokens", "grad_norm", "lr"}
+    state = statelib.init_train_state(params, opt, 0)
+    rl_batch = {k: jnp.asarray(v) for k, v in rlbatch.pack(_seqs(2, cfg, params), 64, min_rows=4).items()}
+    rl_loss = make_rl_loss(cfg, temperature=TEMP, clip_low=0.2, clip_high=0.28, chunk=128)
+    fixed = {"loss", "loss_sum", "tokens", "grad_norm", "lr"}
+    for micro in (1, 2):
+        _, m = jax.eval_shape(lambda s, b: steplib.train_step(s, b, loss_fn=rl_loss, optimizer=opt, schedule=sched, micro_batches=micro),
+                              state, rl_batch)
+        assert set(m) == fixed | {"clip_frac", "kl", "entropy", "ratio", "logprob_gap", "ratio_max", "ratio_min"}
+    sft_batch = {k: jnp.asarray(np.stack([sft_data.pack_row([], 64)[k]] * 4)) for k in sft_data.FIELDS}
+    _, m2 = jax.eval_shape(lambda s, b: steplib.train_step(s, b, loss_fn=make_sft_loss(cfg, 128), optimizer=opt, schedule=sched),
+                           state, sft_batch)
+    assert set(m2) == fixed
