@@ -92,7 +92,7 @@ def select_tasks(config: Any) -> list[Any]:
     """The train tasks of `rl.split`, restricted to `rl.templates` when set."""
     from mpa_jax.envs import load_tasks
 
-    tasks = list(load_tasks(str(config.rl.split)))
+    tasks = list(load_tasks(str(config.rl.split), seed=int(config.tasks.seed), per_template=int(config.tasks.per_template)))
     names = [t.strip() for t in str(config.rl.get("templates", "") or "").split(",") if t.strip()]
     if names:
         known = {t.template for t in tasks}
@@ -248,6 +248,14 @@ def run_rl(
     total = int(rl.steps)
     stop_at = total if max_steps is None else min(total, int(max_steps))
     os.makedirs(workdir, exist_ok=True)
+    seq_len = int(rl.seq_len)
+    if seq_len < int(config.rollout.max_total_tokens):
+        raise RLSetupError(f"config.rl.seq_len={seq_len} must be >= config.rollout.max_total_tokens="
+                           f"{config.rollout.max_total_tokens} (no episode may be cut)")
+    temperature = float(rl.temperature)
+    if not temperature > 0:
+        raise RLSetupError(f"config.rl.temperature={temperature} must be > 0")
+    tasks = select_tasks(config)  # before the slow parts: a bad task filter fails at once
     cfg, init_params, hf_dir = _load_init(config, init, workdir)
     if tokenizer is None:
         from mpa_jax.rollout.run import load_rollout_tokenizer
@@ -256,15 +264,6 @@ def run_rl(
     if tokenizer.vocab_size > cfg.vocab_size:
         raise RLSetupError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {cfg.vocab_size}")
     vocab_limit = tokenizer.vocab_size if tokenizer.vocab_size < cfg.vocab_size else None
-    seq_len = int(rl.seq_len)
-    if seq_len < int(config.rollout.max_total_tokens):
-        raise RLSetupError(f"config.rl.seq_len={seq_len} must be >= config.rollout.max_total_tokens="
-                           f"{config.rollout.max_total_tokens} (no episode may be cut)")
-    temperature = float(rl.temperature)
-    if not temperature > 0:
-        raise RLSetupError(f"config.rl.temperature={temperature} must be > 0")
-
-    tasks = select_tasks(config)
     templates = sorted({t.template for t in tasks})
     key_id = {k: i for i, k in enumerate(templates)}
 
