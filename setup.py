@@ -57,6 +57,8 @@ setup(
         "cuda": ["jax[cuda12]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
         "adb": ["adbutils>=2.8"],
+        # bench/rl_step.py: the TRL GRPOTrainer baseline (torch CPU)
+        "bench": ["trl==1.16.0", "datasets>=3", "transformers==5.24.0", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["mpa=mpa_jax.cli:entry"]},
 )

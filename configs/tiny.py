@@ -130,6 +130,33 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
+    # RL trainer (issue 13): `mpa rl`; the maths is in mpa_jax/rl/care.py, the loss in rl/loss.py.
+    c.rl.algo = "care"  # care | vanilla (plain group-relative RL: no cost, no calibration)
+    c.rl.adv_clip = 5.0  # advantages are squashed into (-adv_clip, adv_clip) (tanh: keeps their order)
+    c.rl.tool_call_cost = 10.0  # cost of a tool call, in output tokens
+    c.rl.competence_ema = 0.1  # per-rollout EMA rate of the competence table
+    c.rl.competence_init = 0.0
+    c.rl.steps = 20
+    c.rl.tasks_per_step = 8
+    c.rl.split = "train"
+    c.rl.templates = ""  # comma-separated task templates to train on; empty = every template of the split
+    c.rl.temperature = 1.0  # sampling temperature; learner log-probs use the same (SamplingParams.for_ratios)
+    c.rl.ppo_epochs = 1
+    c.rl.minibatches = 1  # optimizer updates per epoch (rollouts split into this many minibatches)
+    c.rl.micro_batches = 1  # gradient accumulation inside one update (exact)
+    c.rl.seq_len = 4096  # packed row length (>= rollout.max_total_tokens so no episode is cut)
+    c.rl.lr = 1e-5
+    c.rl.warmup_steps = 0
+    c.rl.lr_end_ratio = 1.0  # constant learning rate by default
+    c.rl.weight_decay = 0.0
+    c.rl.clip_norm = 1.0
+    c.rl.b1 = 0.9
+    c.rl.b2 = 0.999
+    c.rl.infra_retries = 2  # re-run an infra-failed episode this many times, then drop it (never rewarded)
+    c.rl.async_rollouts = False  # not implemented yet: must stay False
+    c.rl.max_staleness = 1
+    c.rl.checkpoint_every = 5  # RL steps
+    c.rl.log_every = 1
 
     # AI for Data (mpa_jax/data): construction, curation, feedback. (issue 18)
     c.data = ml_collections.ConfigDict()
@@ -162,6 +189,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.rounds = 2
     c.loop.refresh_steps = 40  # SFT steps per round on the curated data so far (0 = none); also the cold start's from a starter
     c.loop.refresh_lr = 3e-4
+    c.loop.rl_steps = 3  # CARE RL steps per round (config.rl.* for the rest); 0 = no RL
     c.loop.harness_review = "auto"  # review policy for mined harness proposals: auto | manual
     c.loop.export_dtype = "bfloat16"
     return c

@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("mpa_jax.commands.export", "turn an orbax training checkpoint into a Hugging Face directory"),
     "rollout": ("mpa_jax.commands.rollout", "run the agent loop over a task split and write trajectories"),
     "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat)"),
+    "rl": ("mpa_jax.commands.rl", "online RL (CARE or vanilla group-relative) over the sandbox tasks"),
+    "experiment": ("mpa_jax.commands.experiment", "named experiments (care-vs-vanilla)"),
     "demo": ("mpa_jax.commands.demo", "the end-to-end path on the embedded default"),
     "eval": ("mpa_jax.commands.eval", "evaluate a checkpoint on the held-out benchmark -> eval.json"),
     "loop": ("mpa_jax.commands.loop", "the closed loop: data, SFT, RL rounds, eval, harness -> summary.json, report.html"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import math
 import os
 import shutil
 import time
@@ -36,13 +37,13 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def rl_available() -> tuple[bool, str]:
-    """Whether the CARE RL trainer (issue 13) is in this build, and why not."""
-    if importlib.util.find_spec("mpa_jax.rl") is None:
+    """Whether the CARE RL trainer (issue 13: `mpa_jax.rl.trainer.run_rl`) is in this build, and why not."""
+    if importlib.util.find_spec("mpa_jax.rl") is None or importlib.util.find_spec("mpa_jax.rl.trainer") is None:
         return False, "the CARE RL trainer (mpa_jax.rl, issue 13) is not in this build"
-    import mpa_jax.rl as rl
+    from mpa_jax.rl import trainer
 
-    if not hasattr(rl, "run_rl"):
-        return False, "mpa_jax.rl has no run_rl(config, workdir, init_from=..., tasks=...) entry yet"
+    if not hasattr(trainer, "run_rl"):
+        return False, "mpa_jax.rl.trainer has no run_rl(config, workdir, init=...) entry"
     return True, ""
 
 
@@ -236,22 +237,24 @@ class Loop:
         ok, why = rl_available()
         if not ok:
             return {"skipped": why, "export_dir": checkpoint}
-        if int(self.config.rl.get("steps", 0) or 0) <= 0:
-            return {"skipped": "config.rl.steps is 0", "export_dir": checkpoint}
-        import mpa_jax.rl as rl
+        steps = int(self.config.loop.get("rl_steps", 0) or 0)
+        if steps <= 0:
+            return {"skipped": "config.loop.rl_steps is 0", "export_dir": checkpoint}
         from mpa_jax.export import export_checkpoint
+        from mpa_jax.rl.trainer import run_rl
 
         cfg = copy.deepcopy(self.config)
+        cfg.rl.steps = steps
         if not str(cfg.tokenizer.get("path", "") or ""):
             cfg.tokenizer.path = self.tokenizer_dir()
         run_dir = self.path(f"r{round_index}", "rl")
-        res = rl.run_rl(cfg, run_dir, init=checkpoint, tokenizer=self.tokenizer, progress=self.progress)
+        res = run_rl(cfg, run_dir, init=checkpoint, tokenizer=self.tokenizer, progress=self.progress)
         hf = export_checkpoint(res.checkpoint_dir, os.path.join(run_dir, "hf"), dtype=str(self.config.loop.export_dtype),
                                tokenizer_dir=self.tokenizer_dir())
         hist = list(res.history)
         return {"export_dir": hf, "steps": int(res.steps), "weight_version": int(res.weight_version),
                 "metrics_path": res.metrics_path, "resumed_from": res.resumed_from,
-                "history": [{k: float(v) for k, v in h.items() if isinstance(v, (int, float))} for h in hist]}
+                "history": [{k: float(v) for k, v in h.items() if isinstance(v, (int, float)) and math.isfinite(float(v))} for h in hist]}
 
     def harness(self, round_index: int, eval_result: dict[str, Any], data_result: dict[str, Any] | None) -> dict[str, Any]:
         """Mine failure traces (held-out eval and the round's data) into proposals, review them by
@@ -385,6 +388,9 @@ class Loop:
                         for n in st["order"] if n.endswith("/harness")],
             "datasheets": datasheets,
             "training_losses": losses,
+            "rl": {n.split("/")[0]: [{"step": h.get("step"), "output_tokens": h.get("rl/output_tokens"), "success": h.get("rl/success")}
+                                     for h in st["done"][n].get("history", [])]
+                   for n in st["order"] if n.endswith("/rl") and not st["done"][n].get("skipped")},
             "final_export": final["export_dir"],
             "resumed_stages": list(self.resumed),
             "wall_s_this_run": wall_s,

@@ -81,6 +81,18 @@ def _plots(summary: dict[str, Any], workdir: str) -> dict[str, str]:
     for name, losses in summary.get("training_losses", {}).items():
         if losses:
             a2.plot(range(1, len(losses) + 1), losses, label=name)
+    rl = summary.get("rl", {})
+    if any(rl.values()):  # RL output length over the rounds' steps, on a twin axis
+        a3 = a1.twiny()
+        xs, ys = [], []
+        for rnd in sorted(rl):
+            for h in rl[rnd]:
+                if h.get("output_tokens") is not None:
+                    xs.append(len(xs) + 1)
+                    ys.append(h["output_tokens"])
+        a3.plot(xs, ys, "^-", color="tab:red", label="RL rollouts (per RL step)")
+        a3.set_xlabel("RL step (all rounds)")
+        a3.legend(fontsize=8, loc="lower right")
     a2.set_title("Training loss (per log window)")
     a2.set_xlabel("log window")
     a2.legend(fontsize=8)

@@ -3,7 +3,9 @@
 A checkpoint step directory holds three items:
   state  the TrainState (params, optimizer state, step, rng), sharded arrays;
   data   the data iterator position as a global array (each process saves the rows it owns);
-  meta   JSON: what the state was built for (model config, parameter shapes, data set, batch shape).
+  meta   JSON: what the state was built for (model config, parameter shapes, data set, batch shape);
+  extra  optional JSON: host-side run state that is not an array (RL: competence table, task cursor,
+         weight version), saved atomically with the rest.
 Orbax writes each step into a temporary directory and renames it when complete, so a run killed in
 the middle of a save leaves the previous step as the latest complete one.
 """
@@ -87,7 +89,7 @@ class Checkpointer:
             create=True,
             cleanup_tmp_directories=True,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data", "meta"))
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data", "meta", "extra"))
 
     def latest_step(self) -> int | None:
         """The newest complete step, or None."""
@@ -100,18 +102,25 @@ class Checkpointer:
         """Whether `save(step)` would write (lets callers skip building what a save needs)."""
         return force or step % self.every == 0
 
-    def save(self, step: int, state: Any, data_state: jax.Array, *, force: bool = False) -> bool:
-        """Start saving (async) when `step` is due or `force`; returns whether a save started."""
+    def save(self, step: int, state: Any, data_state: jax.Array, *, force: bool = False,
+             extra: Mapping[str, Any] | None = None) -> bool:
+        """Start saving (async) when `step` is due or `force`; returns whether a save started.
+
+        `extra`: JSON-serialisable host state saved with the step (read back with `read_extra`).
+        """
         if not self.due(step, force=force):
             return False
         meta = dict(self.meta, param_shapes=_flat_shapes(state.params), step=int(step))
+        items = dict(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.StandardSave({"streams": data_state}),
+            meta=ocp.args.JsonSave(meta),
+        )
+        if extra is not None:
+            items["extra"] = ocp.args.JsonSave(dict(extra))
         return self._manager.save(
             step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.StandardSave({"streams": data_state}),
-                meta=ocp.args.JsonSave(meta),
-            ),
+            args=ocp.args.Composite(**items),
             force=True,  # the due-check above is the policy (orbax's own would also save the first step)
         )
 
@@ -125,6 +134,17 @@ class Checkpointer:
             return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as e:  # orbax raises many types; the user needs one sentence
             raise CheckpointError(f"checkpoint {self.directory}/{step}: meta is unreadable ({_first_line(e)})") from None
+
+    def read_extra(self, step: int) -> dict[str, Any]:
+        """The `extra` JSON item of a saved step (CheckpointError when the step has none)."""
+        path = os.path.join(self.directory, str(step), "extra")
+        if not os.path.isdir(path):
+            raise CheckpointError(f"checkpoint {self.directory}/{step} has no extra item (saved by another kind of run?)")
+        drop_abandoned_read_reports()
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {self.directory}/{step}: extra is unreadable ({_first_line(e)})") from None
 
     def check_compatible(self, step: int, abstract_state: Any) -> None:
         """Raise CheckpointError listing every difference between the saved meta and this run's."""

@@ -1,0 +1,202 @@
+"""One RL iteration, ours vs TRL's GRPOTrainer, same model shape, prompt and completion lengths, one run.
+
+    python bench/rl_step.py [--prompt-len 512] [--completion-len 128] [--tasks 8] [--group 8] [--iters 2]
+
+An iteration = sample `group` completions of exactly `completion_len` tokens for each of `tasks`
+prompts of `prompt_len` tokens at temperature 1 + rewards and group-relative advantages + one policy
+update over all tasks x group sequences (+ for ours the weight sync into the sampler). No env: both
+sides score completions with the same cheap function (parity of the completion's token count of even
+ids), so the timing is the model work of the iteration.
+
+Ours: the embedded `JaxEngine` (weight replicas over the CPU devices, as `mpa rl` runs it), the
+`rl.loss` clipped-ratio loss through the jitted sharded train step, `sync_weights`. TRL: `GRPOTrainer`
+(trl 1.16, torch CPU, HF `generate`), loss_type "dapo" (token-level like ours), beta 0 (no KL, like
+ours), one generation per step. Each side runs one warm-up iteration (compilation for ours), then
+`--iters` timed ones; the ratio is TRL seconds / ours.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _prompts(vocab: int, tasks: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(x) for x in rng.integers(10, vocab, size=prompt_len)] for _ in range(tasks)]
+
+
+def _reward(token_ids) -> float:
+    return float(sum(1 for t in token_ids if int(t) % 2 == 0) % 2)
+
+
+def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int, iters: int) -> dict[str, float]:
+    import jax
+    import ml_collections
+
+    from mpa_jax import models, sharding
+    from mpa_jax.rl import batch as rlbatch
+    from mpa_jax.rl import care
+    from mpa_jax.rl.trainer import _compiled_step, _opt_key, copy_params, make_rl_optimizer, sync_weights
+    from mpa_jax.rollout.jax_engine import JaxEngine
+    from mpa_jax.rollout.run import engine_replicas
+    from mpa_jax.rollout.types import SamplingParams
+    from mpa_jax.train import state as statelib
+
+    rl = config.rl
+    cfg = models.config_from_ml(config.model)
+    mesh = sharding.make_mesh(config.mesh)
+    rules = sharding.rules_from_config(config)
+    fam = models.registry.family_module(cfg.family)
+    opt, _ = make_rl_optimizer(rl, 100)
+    pshape = jax.eval_shape(lambda r: fam.init_params(cfg, r), jax.random.key(0))
+    ssh = statelib.state_shardings(mesh, pshape, sharding.param_shardings(cfg, mesh, rules), opt)
+    state = statelib.create_sharded_state(lambda r: fam.init_params(cfg, r), opt, 0, ssh)
+    step = _compiled_step(cfg, (1.0, float(rl.clip_low), float(rl.clip_high), 0.0, int(config.model.logprob_chunk), None),
+                          _opt_key(rl, 100), 1, mesh, rules)
+    n = len(prompts) * group
+    engine = JaxEngine(cfg, copy_params(state.params), max_batch=n, replicas=engine_replicas(config))
+    row_shard = sharding.batch_sharding(mesh, rules, 2)
+    dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
+    seq_len = len(prompts[0]) + completion_len
+    sp = SamplingParams.for_ratios(max_new_tokens=completion_len, temperature=1.0)
+    group_ids = np.repeat(np.arange(len(prompts)), group)
+    vcfg = ml_collections.ConfigDict(dict(rl.to_dict(), algo="vanilla"))
+
+    def iteration(it: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        outs = engine.generate([p for p in prompts for _ in range(group)], sp, seeds=[it * 1000 + i for i in range(n)])
+        t1 = time.perf_counter()
+        success = np.asarray([_reward(o.token_ids) for o in outs]) > 0
+        adv = care.advantages(success=success, cost=np.zeros(n), group=group_ids, key=np.zeros(n, int),
+                              competence=np.zeros(n), cfg=vcfg)
+        seqs = []
+        for (p, o, a) in zip([p for p in prompts for _ in range(group)], outs, adv):
+            toks = np.asarray(p + o.token_ids, np.int32)
+            mask = np.r_[np.zeros(len(p)), np.ones(len(o.token_ids))].astype(np.float32)
+            lp = np.r_[np.zeros(len(p)), np.asarray(o.logprobs)].astype(np.float32)
+            seqs.append(rlbatch.RLSequence(toks, mask, lp, float(a)))
+        packed = rlbatch.pack(seqs, seq_len, min_rows=dp, row_multiple=dp)
+        batch = {k: jax.device_put(v, row_shard) for k, v in packed.items()}
+        nonlocal state
+        state, m = step(state, batch)
+        jax.block_until_ready(state.params)
+        t2 = time.perf_counter()
+        sync_weights(engine, state.params, it + 1)
+        jax.block_until_ready(jax.tree.leaves(engine.params))
+        t3 = time.perf_counter()
+        return {"generate_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "total_s": t3 - t0,
+                "completion_tokens": float(sum(len(o.token_ids) for o in outs)), "logprob_gap": float(m["logprob_gap"])}
+
+    iteration(0)  # compiles
+    runs = [iteration(i + 1) for i in range(iters)]
+    return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+
+
+def bench_trl(config, prompts: list[list[int]], group: int, completion_len: int, iters: int, tokenizer_dir: str) -> dict[str, float]:
+    import datasets
+    import torch
+    import transformers
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mpa_jax import models
+
+    torch.manual_seed(0)
+    cfg = models.config_from_ml(config.model)
+    hf_cfg = transformers.Qwen3Config(**{k: v for k, v in cfg.to_hf().items() if k not in ("architectures", "model_type")})
+    hf_cfg._attn_implementation = "sdpa"
+    model = transformers.Qwen3ForCausalLM(hf_cfg).float()
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    # Texts that tokenise to the prompt length (decode random ids, re-encode, trim; a few rounds).
+    texts = []
+    for p in prompts:
+        ids = list(p)
+        for _ in range(5):
+            text = tok.decode(ids)
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            if len(ids) >= len(p):
+                ids = ids[: len(p)]
+            else:
+                ids = ids + list(p[: len(p) - len(ids)])
+        texts.append(tok.decode(ids))
+    prompt_lens = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    ds = datasets.Dataset.from_dict({"prompt": texts * (iters + 2)})
+
+    def reward(completions, completion_ids=None, **kw):
+        return [_reward(c) for c in completion_ids]
+
+    times: list[float] = []
+    gen_tokens: list[int] = []
+
+    class Timer(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+
+    n = len(prompts) * group
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(
+            output_dir=out, per_device_train_batch_size=n, num_generations=group, max_completion_length=completion_len,
+            max_steps=iters + 1, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no", beta=0.0,
+            temperature=1.0, top_k=0, top_p=1.0, loss_type="dapo", epsilon=float(config.rl.clip_low),
+            epsilon_high=float(config.rl.clip_high), learning_rate=float(config.rl.lr), steps_per_generation=1,
+            num_iterations=1, shuffle_dataset=False, disable_dropout=True, bf16=False,
+            generation_kwargs={"min_new_tokens": completion_len}, dataloader_num_workers=0,
+        )
+        trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=ds, processing_class=tok,
+                              callbacks=[Timer()])
+        trainer.train()
+        for rec in trainer.state.log_history:
+            if "completions/mean_length" in rec:
+                gen_tokens.append(rec["completions/mean_length"])
+    timed = times[1:]  # the first step is the warm-up
+    return {"total_s": float(np.mean(timed)), "prompt_len_mean": float(np.mean(prompt_lens)),
+            "completion_len_mean": float(np.mean(gen_tokens[1:] or gen_tokens)) if gen_tokens else float("nan"),
+            "threads": float(torch.get_num_threads())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=os.path.join(ROOT, "configs/tiny.py"))
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--completion-len", type=int, default=128)
+    p.add_argument("--tasks", type=int, default=8)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--skip-trl", action="store_true")
+    args = p.parse_args(argv)
+    sys.path.insert(0, ROOT)
+    from mpa_jax import tokenizer as tk
+    from mpa_jax.config import load_config_file
+
+    config = load_config_file(args.config)
+    tok = tk.build_tokenizer(tk.synthetic_corpus(300), int(config.model.vocab_size), None)
+    config.model.vocab_size = tok.vocab_size  # sampler and learner over the same ids (no padding rows)
+    prompts = _prompts(tok.vocab_size, args.tasks, args.prompt_len)
+    print(f"model {config.model.num_hidden_layers} layers x {config.model.hidden_size}, vocab {config.model.vocab_size}; "
+          f"{args.tasks} prompts x {args.group} completions, prompt {args.prompt_len} + completion {args.completion_len} tokens")
+    ours = bench_ours(config, prompts, args.group, args.completion_len, args.iters)
+    print("ours: " + "  ".join(f"{k} {v:.3f}" for k, v in ours.items()), flush=True)
+    if args.skip_trl:
+        return 0
+    with tempfile.TemporaryDirectory() as d:
+        tok.save(d) if hasattr(tok, "save") else tok.save_pretrained(d)
+        trl_res = bench_trl(config, prompts, args.group, args.completion_len, args.iters, d)
+    print("trl GRPOTrainer: " + "  ".join(f"{k} {v:.3f}" for k, v in trl_res.items()))
+    print(f"ratio (TRL s / ours s per iteration): {trl_res['total_s'] / ours['total_s']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""CARE and vanilla group-relative advantages: host-side numpy, no model (DESIGN §6).
+
+CARE (`cfg.algo == "care"`), per rollout i of group g (one task) and competence key k (its template):
+
+    r_i   = success_i * (1 - lambda(c_k) * cost_hat_i)
+    a_i   = (r_i - mean_g r) / (std_g r + eps)                         group-relative
+    a_i  *= 1 + beta * (1 - c_k)        if success_i and a_i > 0        hard keys amplified
+    a_i   = adv_clip * tanh(a_i / adv_clip)                             clipped (smoothly)
+    a_i   = 0                           if the group's rewards have no variance
+
+`cost_hat` is the cost z-scored against the *successful* rollouts of the same key in the batch and
+squashed into (-1, 1) (softsign), so long tasks are not punished for being long and, with
+`lambda_max <= 1`, every success keeps a reward > 0 = a failure's. Amplifying only positive success
+advantages and clipping with a strictly increasing function keep the order of advantages inside a
+group, which is what the invariants in `tests/test_rl_care.py` pin:
+
+- in every group every success gets a strictly larger advantage than every failure;
+- a group of all failures (or any group of equal rewards) gets zeros;
+- vanilla advantages do not depend on `cost`;
+- below `c_lo` CARE equals CARE with every cost set to 0 (lambda is 0 there);
+- above `c_hi` with `lambda_max > 0`, among the successes of a group the cheaper gets more.
+
+Vanilla (`cfg.algo == "vanilla"`) is plain group-relative RL: r = success, a = (r - mean)/(std + eps),
+no cost, no calibration, no clip (DESIGN §6: "lambda = 0 and no calibration").
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+ALGOS = ("care", "vanilla")
+_EPS = 1e-6
+
+
+def check_rl_config(cfg: Any) -> None:
+    """Raise ValueError naming the first `config.rl` key whose value the maths cannot use."""
+    algo = str(cfg.algo)
+    if algo not in ALGOS:
+        raise ValueError(f"config.rl.algo must be one of {ALGOS}, got {algo!r}")
+    lo, hi, lam = float(cfg.c_lo), float(cfg.c_hi), float(cfg.lambda_max)
+    if not (0.0 <= lo < hi <= 1.0):
+        raise ValueError(f"config.rl.c_lo={lo} and config.rl.c_hi={hi} must satisfy 0 <= c_lo < c_hi <= 1")
+    if not (0.0 <= lam <= 1.0):
+        raise ValueError(f"config.rl.lambda_max={lam} must be in [0, 1] (a success must always outrank a failure)")
+    if float(cfg.beta) < 0:
+        raise ValueError(f"config.rl.beta={cfg.beta} must be >= 0")
+    if not float(cfg.adv_clip) > 0:
+        raise ValueError(f"config.rl.adv_clip={cfg.adv_clip} must be > 0")
+    if float(cfg.tool_call_cost) < 0:
+        raise ValueError(f"config.rl.tool_call_cost={cfg.tool_call_cost} must be >= 0")
+    a = float(cfg.competence_ema)
+    if not (0.0 < a <= 1.0):
+        raise ValueError(f"config.rl.competence_ema={a} must be in (0, 1]")
+
+
+def lambda_schedule(c: np.ndarray | float, cfg: Any) -> np.ndarray:
+    """lambda(c): 0 below `c_lo` (explore), linear up to `lambda_max` at `c_hi`, flat above (economise)."""
+    c = np.asarray(c, np.float64)
+    lo, hi, lam = float(cfg.c_lo), float(cfg.c_hi), float(cfg.lambda_max)
+    ramp = np.clip((c - lo) / (hi - lo), 0.0, 1.0)
+    return lam * ramp
+
+
+def rollout_cost(output_tokens: np.ndarray, tool_calls: np.ndarray, cfg: Any) -> np.ndarray:
+    """Cost of a rollout: output tokens (reasoning included) + `tool_call_cost` per tool call."""
+    return np.asarray(output_tokens, np.float64) + float(cfg.tool_call_cost) * np.asarray(tool_calls, np.float64)
+
+
+def normalised_cost(success: np.ndarray, cost: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """cost_hat in (-1, 1): z-score against the successful rollouts of the same key, softsign-squashed.
+
+    Zero for failures and for keys whose successes all cost the same.
+    """
+    out = np.zeros(cost.shape, np.float64)
+    for k in np.unique(key[success]):
+        sel = success & (key == k)
+        c = cost[sel]
+        std = c.std()
+        if std <= 0:
+            continue
+        z = (c - c.mean()) / std
+        out[sel] = z / (1.0 + np.abs(z))
+    return out
+
+
+def _check_inputs(success, cost, group, key, competence) -> tuple[np.ndarray, ...]:
+    success = np.asarray(success, bool)
+    n = success.shape[0]
+    arrays = [success]
+    for name, arr, dtype in (("cost", cost, np.float64), ("group", group, np.int64), ("key", key, np.int64),
+                             ("competence", competence, np.float64)):
+        a = np.asarray(arr, dtype)
+        if a.shape != (n,):
+            raise ValueError(f"advantages: {name} has shape {a.shape}, expected ({n},) like success")
+        if dtype is np.float64 and not np.all(np.isfinite(a)):
+            raise ValueError(f"advantages: {name} has non-finite values")
+        arrays.append(a)
+    if np.any(arrays[1] < 0):
+        raise ValueError("advantages: cost must be >= 0")
+    return tuple(arrays)
+
+
+def rewards(*, success, cost, key, competence, cfg: Any) -> np.ndarray:
+    """The per-rollout reward (see the module docstring); vanilla: success as 0/1."""
+    success, cost, _, key, competence = _check_inputs(success, cost, np.zeros(len(success)), key, competence)
+    r = success.astype(np.float64)
+    if str(cfg.algo) == "vanilla":
+        return r
+    lam = lambda_schedule(competence, cfg)
+    return np.where(success, 1.0 - lam * normalised_cost(success, cost, key), 0.0)
+
+
+def advantages(*, success, cost, group, key, competence, cfg: Any) -> np.ndarray:
+    """Per-rollout advantages [N] (float64) for CARE or vanilla; see the module docstring."""
+    check_rl_config(cfg)
+    success, cost, group, key, competence = _check_inputs(success, cost, group, key, competence)
+    care = str(cfg.algo) == "care"
+    r = rewards(success=success, cost=cost, key=key, competence=competence, cfg=cfg)
+    adv = np.zeros(r.shape, np.float64)
+    for g in np.unique(group):
+        sel = group == g
+        rg = r[sel]
+        std = rg.std()
+        if std <= 1e-12 * max(1.0, float(np.abs(rg).max())):
+            continue  # no variance: no signal (zeros)
+        adv[sel] = (rg - rg.mean()) / (std + _EPS)
+    if care:
+        amp = 1.0 + float(cfg.beta) * (1.0 - np.clip(competence, 0.0, 1.0))
+        adv = np.where(success & (adv > 0), adv * amp, adv)
+        clip = float(cfg.adv_clip)
+        adv = clip * np.tanh(adv / clip)
+    return adv
+
+
+def zero_variance_groups(group: np.ndarray, adv: np.ndarray) -> int:
+    """Number of groups whose advantages are all zero (no learning signal)."""
+    group = np.asarray(group)
+    return int(sum(1 for g in np.unique(group) if not np.any(np.asarray(adv)[group == g] != 0)))
+
+
+class CompetenceTable:
+    """Per-key EMA of verified success, plus a global EMA; JSON round trip for checkpoints.
+
+    A step's rollouts of key k update c_k as n rollouts of an EMA with rate `alpha` would if they all
+    had the batch mean: c_k <- (1 - alpha)^n c_k + (1 - (1 - alpha)^n) mean_k (order-independent).
+    A key seen for the first time starts at the global value.
+    """
+
+    def __init__(self, alpha: float, initial: float = 0.0, values: Mapping[str, float] | None = None,
+                 global_value: float | None = None, counts: Mapping[str, int] | None = None):
+        if not 0.0 < float(alpha) <= 1.0:
+            raise ValueError(f"CompetenceTable: alpha must be in (0, 1], got {alpha}")
+        self.alpha = float(alpha)
+        self.initial = float(initial)
+        self.values: dict[str, float] = {str(k): float(v) for k, v in (values or {}).items()}
+        self.counts: dict[str, int] = {str(k): int(v) for k, v in (counts or {}).items()}
+        self.global_value = float(initial if global_value is None else global_value)
+
+    def get(self, key: str) -> float:
+        return self.values.get(str(key), self.global_value)
+
+    def lookup(self, keys: list[str]) -> np.ndarray:
+        return np.asarray([self.get(k) for k in keys], np.float64)
+
+    def _blend(self, old: float, mean: float, n: int) -> float:
+        keep = (1.0 - self.alpha) ** n
+        return keep * old + (1.0 - keep) * mean
+
+    def update(self, keys: list[str], success: np.ndarray) -> None:
+        """Fold one step's verified outcomes in (infra failures must be left out by the caller)."""
+        success = np.asarray(success, np.float64)
+        if len(keys) != success.shape[0]:
+            raise ValueError(f"CompetenceTable.update: {len(keys)} keys for {success.shape[0]} outcomes")
+        if not len(keys):
+            return
+        new_global = self._blend(self.global_value, float(success.mean()), len(keys))
+        for k in sorted(set(keys)):
+            sel = np.asarray([x == k for x in keys])
+            self.values[k] = self._blend(self.get(k), float(success[sel].mean()), int(sel.sum()))
+            self.counts[k] = self.counts.get(k, 0) + int(sel.sum())
+        self.global_value = new_global
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "initial": self.initial, "global": self.global_value,
+                "values": dict(sorted(self.values.items())), "counts": dict(sorted(self.counts.items()))}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CompetenceTable":
+        return cls(d["alpha"], d.get("initial", 0.0), d.get("values", {}), d.get("global"), d.get("counts", {}))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CompetenceTable) and self.to_dict() == other.to_dict()
+
+    def mean(self) -> float:
+        return float(np.mean(list(self.values.values()))) if self.values else self.global_value

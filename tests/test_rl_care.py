@@ -1,0 +1,148 @@
+"""CARE / vanilla advantage maths (mpa_jax.rl.care): the invariants of DESIGN §6 as property tests."""
+from __future__ import annotations
+
+import ml_collections
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mpa_jax.rl import care
+
+
+def rl_cfg(**kw) -> ml_collections.ConfigDict:
+    from configs.tiny import get_config
+
+    c = get_config().rl
+    c.update(kw)
+    return c
+
+
+@st.composite
+def batches(draw, distinct_costs: bool = False):
+    """Groups of rollouts (a task each); keys are templates shared by several groups."""
+    n_groups = draw(st.integers(1, 5))
+    n_keys = draw(st.integers(1, 3))
+    success, cost, group, key, comp = [], [], [], [], []
+    key_comp = [draw(st.floats(0.0, 1.0)) for _ in range(n_keys)]
+    for g in range(n_groups):
+        size = draw(st.integers(1, 8))
+        k = draw(st.integers(0, n_keys - 1))
+        if distinct_costs:
+            costs = draw(st.lists(st.integers(0, 5000), min_size=size, max_size=size, unique=True))
+        else:
+            costs = draw(st.lists(st.integers(0, 5000), min_size=size, max_size=size))
+        for j in range(size):
+            success.append(draw(st.booleans()))
+            cost.append(float(costs[j]))
+            group.append(g)
+            key.append(k)
+            comp.append(key_comp[k])
+    return dict(success=np.array(success), cost=np.array(cost), group=np.array(group), key=np.array(key),
+                competence=np.array(comp))
+
+
+cfgs = st.builds(
+    lambda algo, lam, lo, width, beta, clip: rl_cfg(algo=algo, lambda_max=lam, c_lo=lo, c_hi=min(1.0, lo + width), beta=beta, adv_clip=clip),
+    st.sampled_from(["care", "vanilla"]), st.floats(0.0, 1.0), st.floats(0.0, 0.8), st.floats(0.05, 0.5),
+    st.floats(0.0, 3.0), st.floats(0.5, 10.0),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches(), cfgs)
+def test_every_success_beats_every_failure_and_all_failures_get_zero(b, cfg):
+    adv = care.advantages(**b, cfg=cfg)
+    assert adv.shape == b["success"].shape and np.all(np.isfinite(adv))
+    for g in np.unique(b["group"]):
+        sel = b["group"] == g
+        s, a = b["success"][sel], adv[sel]
+        if s.any() and (~s).any():
+            assert a[s].min() > a[~s].max()
+        if not s.any():
+            assert np.all(a == 0)
+        if str(cfg.algo) == "care":
+            assert np.all(np.abs(a) < float(cfg.adv_clip))
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), cfgs, st.data())
+def test_vanilla_ignores_cost_and_equal_outcomes_get_zero(b, cfg, data):
+    cfg.algo = "vanilla"
+    adv = care.advantages(**b, cfg=cfg)
+    other = dict(b, cost=np.array(data.draw(st.lists(st.floats(0, 1e4), min_size=len(b["cost"]), max_size=len(b["cost"])))))
+    np.testing.assert_array_equal(adv, care.advantages(**other, cfg=cfg))
+    for g in np.unique(b["group"]):
+        sel = b["group"] == g
+        if len(set(b["success"][sel].tolist())) == 1:
+            assert np.all(adv[sel] == 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), cfgs)
+def test_care_below_c_lo_equals_care_without_costs(b, cfg):
+    cfg.algo = "care"
+    b = dict(b, competence=b["competence"] * float(cfg.c_lo) * 0.999)  # every key below c_lo
+    adv = care.advantages(**b, cfg=cfg)
+    np.testing.assert_array_equal(adv, care.advantages(**dict(b, cost=np.zeros_like(b["cost"])), cfg=cfg))
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(distinct_costs=True), cfgs, st.floats(0.05, 1.0))
+def test_care_above_c_hi_prefers_the_cheaper_success(b, cfg, lam):
+    cfg.algo, cfg.lambda_max = "care", lam
+    b = dict(b, competence=np.clip(float(cfg.c_hi) + b["competence"] * (1 - float(cfg.c_hi)), float(cfg.c_hi), 1.0))
+    adv = care.advantages(**b, cfg=cfg)
+    for g in np.unique(b["group"]):
+        sel = (b["group"] == g) & b["success"]
+        if sel.sum() < 2:
+            continue
+        c, a = b["cost"][sel], adv[sel]
+        order = np.argsort(c)
+        assert np.all(np.diff(a[order]) < 0), (c[order], a[order])
+
+
+def test_lambda_schedule_and_hard_key_amplification():
+    cfg = rl_cfg(lambda_max=0.5, c_lo=0.2, c_hi=0.6, beta=1.0, adv_clip=100.0)
+    np.testing.assert_allclose(care.lambda_schedule([0.0, 0.2, 0.4, 0.6, 1.0], cfg), [0, 0, 0.25, 0.5, 0.5])
+    base = dict(success=np.array([True, False]), cost=np.array([5.0, 5.0]), group=np.array([0, 0]), key=np.array([0, 0]))
+    easy = care.advantages(**base, competence=np.array([0.9, 0.9]), cfg=cfg)
+    hard = care.advantages(**base, competence=np.array([0.1, 0.1]), cfg=cfg)
+    # (1 - 0.5) / 0.5 = 1 before calibration; x (1 + beta (1 - c)); failures are not amplified
+    np.testing.assert_allclose(easy, [1.1 * 100 * np.tanh(1.1 / 100) / 1.1, -100 * np.tanh(1 / 100)], rtol=1e-5)
+    assert hard[0] > easy[0] and hard[1] == pytest.approx(easy[1])
+
+
+def test_cost_normalised_within_key_over_successes_only():
+    cfg = rl_cfg(lambda_max=1.0, c_lo=0.0, c_hi=0.5, adv_clip=100.0, beta=0.0)
+    # key 0 is long (costs ~1000), key 1 short (~10): each normalised against its own successes
+    success = np.array([True, True, True, True, False])
+    cost = np.array([1000.0, 1200.0, 10.0, 12.0, 1.0])
+    key = np.array([0, 0, 1, 1, 1])
+    ch = care.normalised_cost(success, cost, key)
+    np.testing.assert_allclose(ch, [-0.5, 0.5, -0.5, 0.5, 0.0])
+    r = care.rewards(success=success, cost=cost, key=key, competence=np.ones(5), cfg=cfg)
+    np.testing.assert_allclose(r, [1.5, 0.5, 1.5, 0.5, 0.0])
+
+
+def test_bad_config_and_inputs_name_the_problem():
+    with pytest.raises(ValueError, match="config.rl.algo"):
+        care.advantages(success=[True], cost=[1.0], group=[0], key=[0], competence=[0.0], cfg=rl_cfg(algo="ppo"))
+    with pytest.raises(ValueError, match="lambda_max"):
+        care.check_rl_config(rl_cfg(lambda_max=2.0))
+    with pytest.raises(ValueError, match="cost has shape"):
+        care.advantages(success=[True, False], cost=[1.0], group=[0, 0], key=[0, 0], competence=[0.0, 0.0], cfg=rl_cfg())
+
+
+def test_competence_table_ema_and_round_trip():
+    t = care.CompetenceTable(alpha=0.5, initial=0.0)
+    t.update(["a", "a", "b"], np.array([1.0, 1.0, 0.0]))
+    assert t.get("a") == pytest.approx(0.75)  # two rollouts at rate 0.5 from 0 -> 1 - 0.25
+    assert t.get("b") == pytest.approx(0.0)
+    assert t.global_value == pytest.approx((1 - 0.125) * (2 / 3))
+    assert t.get("new") == t.global_value  # unseen keys start at the global value
+    # order of the rollouts inside a step does not matter
+    u = care.CompetenceTable(alpha=0.5)
+    u.update(["b", "a", "a"], np.array([0.0, 1.0, 1.0]))
+    assert u == t
+    assert care.CompetenceTable.from_dict(t.to_dict()) == t
+    assert t.counts == {"a": 2, "b": 1}
