@@ -130,4 +130,24 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
+    # Harness (DESIGN §5): the runtime between planner and env. enabled=False: raw planner + env (ablations).
+    c.harness = ml_collections.ConfigDict()
+    c.harness.enabled = False
+    c.harness.tools = "task"  # task: the task's tool list | catalog: top-k of the whole catalog by retrieval
+    c.harness.top_k = 8  # tools handed to the planner in catalog mode
+    c.harness.normalise = True  # schema normalisers (types, enum case, whitespace) + approved argument rewrites
+    c.harness.skills = True  # retrieve relevant skills into the system prompt
+    c.harness.skills_dir = ""  # extra skill files (the shipped ones in harness/skills/ are always read)
+    c.harness.max_skills = 2
+    c.harness.context_tokens = 3000  # budget for prior history in the first prompt (oldest turns dropped first)
+    c.harness.subagents = False  # run `delegate` as a sub-agent planner call with the role's own context and tools
+    c.harness.subagent_turns = 6
+    c.harness.store = ""  # SQLite trace store (WAL); empty = traces are not recorded
+    c.harness.root = "runs/harness"  # proposals and harness versions on disk (`mpa harness mine/review`)
+    c.harness.version_dir = ""  # an approved harness version to run under (normalisers, skills, descriptions)
+    c.harness.mcp = ""  # MCP servers to start over stdio, ";"-separated commands ("python srv.py; node x.js")
+    c.harness.mcp_allow = "*"  # comma-separated MCP tool names the planner may call ("*" = all)
+    c.harness.mcp_timeout_s = 20.0
+    c.harness.review = ml_collections.ConfigDict()
+    c.harness.review.policy = "manual"  # manual | auto (experiments only: the version manifest says so)
     return c
