@@ -166,8 +166,23 @@ def run_rollouts(
     )
     from mpa_jax.envs import make_env
 
+    session = None
+    if bool(config.get("harness", {}).get("enabled", False)):
+        # The harness presents itself to the loop as the env (DESIGN §5); off = raw planner + env.
+        from mpa_jax.harness.planners import EnginePlanner
+        from mpa_jax.harness.runtime import session_for_run
+
+        session = session_for_run(config, env_kind=loop_cfg.env_kind,
+                                  subplanner=EnginePlanner(engine, tokenizer, int(config.rollout.max_new_tokens), loop_cfg.temperature))
+        loop_cfg.harness_version = session.version_label
+        make_env = lambda _kind: session.env_factory()  # noqa: E731
     t0 = time.perf_counter()
-    trajectories = _run_with_progress(engine, tokenizer, task_list, make_env, loop_cfg, progress, label)
+    try:
+        trajectories = _run_with_progress(engine, tokenizer, task_list, make_env, loop_cfg, progress, label,
+                                          session.annotate if session is not None else None)
+    finally:
+        if session is not None:
+            session.close()
     wall = time.perf_counter() - t0
     summary = summarize(trajectories)
     summary.update(label=label, weight_version=str(engine.weight_version), wall_s=wall, greedy=greedy)
@@ -182,10 +197,11 @@ def run_rollouts(
     return summary
 
 
-def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env: Any, cfg: AgentLoopConfig, progress: bool, label: str) -> list:
+def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env: Any, cfg: AgentLoopConfig, progress: bool, label: str,
+                       annotate: Any = None) -> list:
     factory = lambda: make_env(cfg.env_kind)  # noqa: E731
     if not progress:
-        return run_episodes(engine, tokenizer, tasks, factory, cfg)
+        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=annotate)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]rollout[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -194,6 +210,8 @@ def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env:
         done = {"succ": 0}
 
         def on_done(traj: Any) -> None:
+            if annotate is not None:
+                annotate(traj)
             if traj.verification is not None and traj.verification.success:
                 done["succ"] += 1
             bar.update(job, advance=1, succ=done["succ"])
