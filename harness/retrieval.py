@@ -21,13 +21,16 @@ from mpa_jax.envs.contract import ToolSpec
 
 _WORD = re.compile(r"[a-z0-9]+")
 _QUOTED = re.compile(r'"[^"]*"')
+_CURRENCY = re.compile(r"\b(?:USD|EUR|GBP|JPY|CHF|MXN|AUD|CAD|CNY|INR|SEK|NOK|DKK|BRL|KRW|SGD|HKD|NZD|ZAR|PLN)\b")
 _STOP = frozenset(
     "a an the of to and or for in on at by with from my me i is it be as that this what which who please "
     "can you your one all are was".split()
 )
 # Words users say for things the catalog names differently (kept small and generic).
 _SYNONYMS = {
-    "text": "send", "texts": "send", "txt": "send", "mail": "email", "emails": "email",
+    "text": "send sms", "texts": "send sms", "txt": "send sms", "order": "place product cart",
+    "say": "translate", "language": "translate", "italian": "translate", "spanish": "translate", "french": "translate",
+    "german": "translate", "japanese": "translate", "portuguese": "translate", "chinese": "translate", "korean": "translate", "mail": "email", "emails": "email",
     "phone": "call contact", "ring": "call", "wake": "alarm", "remind": "reminder", "appointment": "event calendar",
     "meeting": "event calendar", "song": "music play", "music": "song play", "cab": "ride", "taxi": "ride",
     "uber": "ride", "pay": "payment bill", "send": "send", "money": "transfer", "kg": "convert units",
@@ -44,6 +47,8 @@ def tokenize(text: str, expand: bool = False) -> list[str]:
     """Lower-case words without stop words; a plural 's' is also indexed without it; `expand` adds
     the synonyms users say (queries only: tool texts use the catalog's own words)."""
     out: list[str] = []
+    if expand and _CURRENCY.search(text):
+        out += ["convert", "currency"]
     for w in _WORD.findall(text.lower()):
         if w in _STOP:
             continue
@@ -190,20 +195,31 @@ def request_query(messages: Sequence[dict[str, Any]]) -> str:
         if m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str):
             parts.append(m["content"])
     if parts:
-        parts.append(parts[-1])  # the newest turn counts twice
+        parts += [parts[-1]] * 2  # the request itself counts three times as much as older turns
     return "\n".join(parts)
 
 
 _INDEX: ToolIndex | None = None
 
 
-def catalog_index() -> ToolIndex:
-    """The index over the sandbox's whole catalog (built once per process)."""
+def train_companions() -> dict[str, list[str]]:
+    """Companions learned from the gold plans of the train split (never dev/test)."""
+    from mpa_jax.envs.benchmark import _used_tools, load_tasks
+
+    return learn_companions(_used_tools(t.gold) for t in load_tasks("train"))
+
+
+def catalog_index(learned: bool = True) -> ToolIndex:
+    """The index over the sandbox's whole catalog (built once per process); `learned` adds the
+    train-split co-occurrence companions to the structural ones."""
     global _INDEX
     if _INDEX is None:
         from mpa_jax.envs.tools import TOOLS
 
-        _INDEX = ToolIndex((t.spec for t in TOOLS.values()), companions=catalog_companions(),
+        comps = catalog_companions()
+        if learned:
+            comps = merge_companions(comps, train_companions())
+        _INDEX = ToolIndex((t.spec for t in TOOLS.values()), companions=comps,
                            ops={n: t.op for n, t in TOOLS.items()},
                            labels={n: t.entity.label for n, t in TOOLS.items() if t.entity is not None})
     return _INDEX
