@@ -198,6 +198,14 @@ def _parse_openai(r: Any, url: str, latency: float) -> PlannerReply:
         return PlannerReply(error=Feedback.error(ErrorCode.INFRA, f"planner endpoint {url} sent a reply that is not an OpenAI chat completion: {r.text[:200]!r}"),
                             latency_s=latency, raw=r.text[:2000])
     usage = data.get("usage") or {}
+    content = msg.get("content") or ""
+    if not msg.get("tool_calls") and "<tool_call>" in content:
+        # A server that could not parse the model's call returns it verbatim (SGLang, `mpa serve`).
+        reply = _from_text(content)
+        reply.latency_s = latency
+        reply.prompt_tokens = int(usage.get("prompt_tokens", 0) or 0)
+        reply.output_tokens = int(usage.get("completion_tokens", 0) or 0)
+        return reply
     reply = PlannerReply(text=msg.get("content") or "", reasoning=msg.get("reasoning_content"), latency_s=latency,
                          prompt_tokens=int(usage.get("prompt_tokens", 0) or 0), output_tokens=int(usage.get("completion_tokens", 0) or 0),
                          raw=json.dumps(msg)[:4000])
