@@ -70,7 +70,9 @@ def _tool_calls(traj: Trajectory) -> list[tuple[int, Any, Any]]:
 def mine(trajectories: Iterable[Trajectory], min_count: int = 2) -> list[dict[str, Any]]:
     """Cluster failures by (tool, error code, template) and turn clusters into proposals with evidence."""
     clusters: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    episodes: dict[str, Trajectory] = {}
     for traj in trajectories:
+        episodes.setdefault(traj.task_id, traj)
         if traj.infra_failure:
             continue
         template = str(traj.provenance.get("template", ""))
@@ -98,11 +100,12 @@ def mine(trajectories: Iterable[Trajectory], min_count: int = 2) -> list[dict[st
         if len(ev) < min_count:
             continue
         cluster = f"{tool}|{code}|{template}"
-        proposals += _proposals_for(tool, code, template, cluster, ev)
+        proposals += _proposals_for(tool, code, template, cluster, ev, episodes)
     return proposals
 
 
-def _proposals_for(tool: str, code: str, template: str, cluster: str, ev: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _proposals_for(tool: str, code: str, template: str, cluster: str, ev: list[dict[str, Any]],
+                   episodes: dict[str, Trajectory]) -> list[dict[str, Any]]:
     out = []
     evidence = [{k: e[k] for k in ("task_id", "step", "message", "success")} for e in ev]
     # Normaliser: the same tool succeeded right after with one argument changed, the same way every time.
@@ -129,7 +132,9 @@ def _proposals_for(tool: str, code: str, template: str, cluster: str, ev: list[d
         skill = {"name": name, "version": "1.0.0", "description": f"Recover from {code} of {tool}.", "text": text,
                  "triggers": sorted({tool, *tool.split("_"), code.lower()}), "params": [], "macro": []}
         out.append({"id": _pid("skill", cluster, skill), "kind": "skill", "cluster": cluster, "payload": skill, "evidence": evidence})
-        examples = {"tool": tool, "code": code, "task_ids": sorted({e["task_id"] for e in recoveries})}
+        ids = sorted({e["task_id"] for e in recoveries})
+        examples = {"tool": tool, "code": code, "task_ids": ids,
+                    "episodes": [episodes[i].to_dict() for i in ids if i in episodes]}
         out.append({"id": _pid("training_examples", cluster, examples), "kind": "training_examples", "cluster": cluster,
                     "payload": examples, "evidence": evidence})
     # Tool description: say which values the tool refuses.
@@ -223,7 +228,10 @@ def release(store: HarnessStore, root: str, trajectories: Iterable[Trajectory] =
                 with open(os.path.join(tmp, "skills", pay["name"] + ".json"), "w", encoding="utf-8") as f:
                     json.dump(pay, f, indent=2, sort_keys=True)
             elif p["kind"] == "training_examples":
-                examples += [by_id[t].to_json() for t in pay["task_ids"] if t in by_id]
+                # The episodes travel with the proposal; `trajectories` can supply ones it lacks.
+                have = {e["task_id"] for e in pay.get("episodes", [])}
+                examples += [canonical_json(e) for e in pay.get("episodes", [])]
+                examples += [by_id[t].to_json() for t in pay["task_ids"] if t in by_id and t not in have]
         with open(os.path.join(tmp, "rewrites.json"), "w", encoding="utf-8") as f:
             json.dump(rewrites, f, indent=2, sort_keys=True)
         with open(os.path.join(tmp, "descriptions.json"), "w", encoding="utf-8") as f:
