@@ -78,8 +78,10 @@ class ToolIndex:
 
     def __init__(self, specs: Iterable[ToolSpec], k1: float = 1.2, b: float = 0.75,
                  companions: dict[str, list[str]] | None = None, ops: dict[str, str] | None = None,
-                 companion_weight: float = 1.0, labels: dict[str, str] | None = None) -> None:
+                 companion_weight: float = 1.0, labels: dict[str, str] | None = None,
+                 prior: Sequence[str] = ()) -> None:
         self.specs = {s.name: s for s in specs}
+        self.prior = list(prior)
         labels = labels or {}
         self.companions = companions or {}
         self.ops = dict(ops or {})
@@ -131,10 +133,10 @@ class ToolIndex:
                     final[comp] = max(final.get(comp, 0.0), s * self.companion_weight)
         ranked = sorted(final.items(), key=lambda kv: (-kv[1], kv[0]))
         picked = [n for n in dict.fromkeys(keep) if n in self.specs and (allow is None or n in allow)]
-        for name, _score in ranked:
+        for name in [n for n, _ in ranked] + self.prior:  # too few matches: fill with the most used tools
             if len(picked) >= k:
                 break
-            if name not in picked and (allow is None or name in allow):
+            if name not in picked and name in self.specs and (allow is None or name in allow):
                 picked.append(name)
         return picked[:k]
 
@@ -199,30 +201,32 @@ def request_query(messages: Sequence[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-_INDEX: ToolIndex | None = None
+_INDEX: dict[bool, ToolIndex] = {}
 
 
-def train_companions() -> dict[str, list[str]]:
-    """Companions learned from the gold plans of the train split (never dev/test)."""
+def train_statistics() -> tuple[dict[str, list[str]], list[str]]:
+    """Companions learned from the gold plans of the train split (never dev/test), and its tools by use."""
     from mpa_jax.envs.benchmark import _used_tools, load_tasks
 
-    return learn_companions(_used_tools(t.gold) for t in load_tasks("train"))
+    plans = [_used_tools(t.gold) for t in load_tasks("train")]
+    uses = Counter(n for p in plans for n in set(p))
+    return learn_companions(plans), [n for n, _ in uses.most_common()]
 
 
 def catalog_index(learned: bool = True) -> ToolIndex:
     """The index over the sandbox's whole catalog (built once per process); `learned` adds the
     train-split co-occurrence companions to the structural ones."""
-    global _INDEX
-    if _INDEX is None:
+    if learned not in _INDEX:
         from mpa_jax.envs.tools import TOOLS
 
-        comps = catalog_companions()
+        comps, prior = catalog_companions(), list(TOOLS)
         if learned:
-            comps = merge_companions(comps, train_companions())
-        _INDEX = ToolIndex((t.spec for t in TOOLS.values()), companions=comps,
+            learned_comps, prior = train_statistics()
+            comps = merge_companions(comps, learned_comps)
+        _INDEX[learned] = ToolIndex((t.spec for t in TOOLS.values()), companions=comps,
                            ops={n: t.op for n, t in TOOLS.items()},
-                           labels={n: t.entity.label for n, t in TOOLS.items() if t.entity is not None})
-    return _INDEX
+                           labels={n: t.entity.label for n, t in TOOLS.items() if t.entity is not None}, prior=prior)
+    return _INDEX[learned]
 
 
 def learn_companions(plans: Iterable[Sequence[str]], min_p: float = 0.5, min_count: int = 3) -> dict[str, list[str]]:
