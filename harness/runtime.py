@@ -242,6 +242,13 @@ class HarnessEnv:
             fb = Feedback.error(ErrorCode.INFRA, f"harness error: {type(e).__name__}: {e}", action.call_id)
         fb = self._with_hint(fb, action)
         self._record(agent, "feedback", {"call_id": action.call_id, "feedback": fb.to_dict()})
+        for p in self.session.extra:  # e.g. memory: remember what happened (a provider's own choice)
+            observe = getattr(p, "observe", None)
+            if callable(observe):
+                try:
+                    observe(self.task, action, fb)
+                except Exception:  # noqa: BLE001 - an observer must never break the episode
+                    pass
         return fb
 
     def verify(self) -> Any:
@@ -420,11 +427,14 @@ def _tool_message(fb: Feedback) -> dict[str, Any]:
 
 
 def _call_provider(provider: ToolProvider, name: str, args: Any, call_id: str) -> Feedback:
+    import inspect
+
     try:
-        try:
-            fb = provider.call(name, args, call_id)  # type: ignore[call-arg]
-        except TypeError:
-            fb = provider.call(name, args)
+        takes_id = "call_id" in inspect.signature(provider.call).parameters
+    except (TypeError, ValueError):
+        takes_id = False
+    try:
+        fb = provider.call(name, args, call_id) if takes_id else provider.call(name, args)  # type: ignore[call-arg]
     except Exception as e:  # noqa: BLE001 - a provider bug is INFRA, never a crash of the episode
         return Feedback.error(ErrorCode.INFRA, f"{provider.source} failed: {type(e).__name__}: {e}", call_id)
     if not fb.call_id:

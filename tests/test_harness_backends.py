@@ -147,3 +147,17 @@ def test_scripted_planner_drives_an_episode(tasks):
     texts = [tk.format_tool_call(s["name"], s["arguments"]) if s["kind"] == "tool_call" else s["text"] for s in task.gold]
     traj = run_episode(ScriptedPlanner(texts), make_env("sandbox"), task)
     assert traj.verification.success
+
+
+def test_sglang_backend_is_the_engine_planner_over_the_sglang_client(tok, tasks):
+    """The SGLang backend = EnginePlanner over `SGLangEngine` (native /generate, token-in/token-out),
+    here against `mpa serve`'s SGLang-native subset over loopback (a real SGLang server needs a GPU)."""
+    from mpa_jax.rollout.sglang import SGLangEngine
+
+    engine = ScriptedEngine(tok, _gold_script(tok, tasks))
+    with ServerThread(create_app(engine, tok)) as server:
+        client = SGLangEngine(server.url, timeout_s=30, max_retries=0)
+        session = HarnessSession(HarnessConfig(enabled=True, tools="catalog"))
+        traj = run_episode(EnginePlanner(client, tok), session.env_factory(), tasks[1], harness_version=session.version_label)
+    assert traj.verification.success and traj.provenance["harness_version"] == "0.1.0"
+    assert all(len(t["token_ids"]) == len(t["logprobs"]) > 0 for t in traj.provenance["turns"])
