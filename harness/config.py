@@ -64,9 +64,14 @@ class HarnessConfig:
     @classmethod
     def from_config(cls, config: Any) -> "HarnessConfig":
         """From a full experiment config (its `harness` section) or the section itself; missing keys keep defaults."""
-        section = config.get("harness", config) if hasattr(config, "get") else config
-        if section is None:
+        if config is None:
             return cls()
+        if "harness" in config:
+            section = config["harness"]
+        elif "enabled" in config or not hasattr(config, "keys"):
+            section = config  # the section itself
+        else:
+            return cls()  # a full config without a harness section: the defaults
         kw: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name == "review_policy":
