@@ -6,7 +6,7 @@ Two structural rules on top, because a good tool set is a *plan*, not a bag of w
 
 - companions: a table tool that is picked brings its entity's `search_*` and `get_*` (ids come from
   a search; details from a get), so "text Alex" also surfaces `search_contacts`;
-- recent tools (from history) are kept, so an episode never loses a tool it is already using.
+- `keep`: tools already in use come first, so a re-retrieval never drops a tool being used.
 
 Used by the runtime (`harness.tools = "catalog"`) and by `bench/tool_retrieval.py`.
 """

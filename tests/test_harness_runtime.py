@@ -204,3 +204,51 @@ def test_bad_harness_config_names_the_key():
     c = ml_collections.ConfigDict({"harness": {"enabled": True, "nope": 1}})
     with pytest.raises(HarnessConfigError, match="harness.nope"):
         HarnessConfig.from_config(c)
+
+
+def test_sub_agents_in_the_token_loop_through_run_rollouts(tok, dev, tmp_path):
+    """`harness.subagents`: the planner delegates, the sub-agent runs as its own engine calls (its own
+    prompt and tools), the planner's Trajectory keeps the sub-agent's sampled ids apart."""
+    from mpa_jax.config import load_config_file
+    from mpa_jax.rollout.run import run_rollouts
+    from mpa_jax.rollout.testing import ScriptedEngine
+
+    tasks = [t for t in dev if t.roles and [g["kind"] for g in t.gold].count("delegate") == 2][:2]
+    assert tasks
+
+    def fmt(g):
+        return tk.format_tool_call(g["name"], g["arguments"]) if g["kind"] == "tool_call" else g["text"]
+
+    def script(prompt, _i):
+        text = tok.decode(prompt)
+        turn = text.count("<|im_start|>assistant") - 1
+        if "sub-agent of a phone assistant" in text:
+            for t in tasks:
+                for i, g in enumerate(t.gold):
+                    if g["kind"] == "delegate" and g["instruction"] in text:
+                        calls = []
+                        for h in t.gold[i + 1:]:
+                            if h["kind"] != "tool_call":
+                                break
+                            calls.append(h)
+                        return fmt(calls[turn]) if turn < len(calls) else "Done: the sub-task is finished."
+            raise AssertionError("unknown sub-agent prompt")
+        task = next(t for t in tasks if t.instruction in text)
+        plan = [g for g in task.gold if g["kind"] != "tool_call"]
+        g = plan[min(turn, len(plan) - 1)]
+        return tk.format_tool_call("delegate", {"agent": g["agent"], "instruction": g["instruction"]}) if g["kind"] == "delegate" else g["text"]
+
+    config = load_config_file("configs/tiny.py")
+    config.harness.enabled = True
+    config.harness.subagents = True
+    out = tmp_path / "sub.jsonl"
+    summary = run_rollouts(config, ScriptedEngine(tok, script), tasks, str(out), tokenizer=tok, progress=False, greedy=True)
+    assert summary["success"] == len(tasks), summary
+    for line in out.read_text().splitlines():
+        t = json.loads(line)
+        roles = [s["agent"] for s in t["provenance"]["subagent_episodes"]]
+        assert len(roles) == 2 and set(roles) <= set(t["provenance"]["agents"])
+        assert all(turn["token_ids"] and len(turn["token_ids"]) == len(turn["logprobs"])
+                   for s in t["provenance"]["subagent_episodes"] for turn in s["turns"])
+        # The planner itself made no tool calls but the two delegations and the final answer.
+        assert [s["action"]["kind"] for s in t["steps"]] == ["delegate", "delegate", "message"]

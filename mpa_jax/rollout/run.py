@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from mpa_jax.envs.contract import Task, write_jsonl
 from mpa_jax.rollout.agent_loop import AgentLoopConfig, run_episodes, summarize
-from mpa_jax.rollout.types import RolloutEngine
+from mpa_jax.rollout.types import RolloutEngine, SamplingParams
 
 
 class RolloutSetupError(ValueError):
@@ -173,7 +173,8 @@ def run_rollouts(
         from mpa_jax.harness.runtime import session_for_run
 
         session = session_for_run(config, env_kind=loop_cfg.env_kind,
-                                  subplanner=EnginePlanner(engine, tokenizer, int(config.rollout.max_new_tokens), loop_cfg.temperature))
+                                  subplanner=EnginePlanner(engine, tokenizer, int(config.rollout.max_new_tokens), loop_cfg.temperature,
+                                                           params_cls=SamplingParams))
         loop_cfg.harness_version = session.version_label
         make_env = lambda _kind: session.env_factory()  # noqa: E731
     t0 = time.perf_counter()
