@@ -130,4 +130,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
+
+    # Long-history memory (harness/memory; `mpa memory suite|eval`).
+    c.memory = ml_collections.ConfigDict()
+    c.memory.seed = 0  # suite generator seed
+    c.memory.persona_seed = 0  # the sandbox persona whose world the histories talk about
+    c.memory.per_ability = 10  # questions per BEAM ability in a suite
+    c.memory.budget_tokens = 2048  # context budget of memory and of the long-context baseline (ceil(chars/4))
+    c.memory.reader = "scripted"  # scripted | openai | none (answer accuracy in `mpa memory eval`)
+    c.memory.store = ml_collections.ConfigDict()
+    c.memory.store.recency_weight = 0.3
+    c.memory.store.entity_weight = 1.0
+    c.memory.store.candidates = 64  # bm25 candidates re-ranked per query
+    c.memory.store.min_coverage = 0.5  # abstain below this idf-weighted coverage (queries without known entities)
     return c
