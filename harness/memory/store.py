@@ -93,7 +93,7 @@ def query_entities(text: str) -> list[str]:
 _FACT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bmy (?P<attr>[a-z][a-z' ]{1,40}?) is (?:now |actually )?(?P<value>[^.;!?,]{1,80})", re.I), "fact"),
     (re.compile(r"\b(?P<value>[A-Z][\w' ]{1,40}?) is (?:now )?my (?P<attr>[a-z][a-z ]{1,30}?)\b(?: now)?[.;!?]", re.I), "fact"),
-    (re.compile(r"\bI(?: (?:prefer|like|love|can't stand|hate|avoid|am)|'m) (?P<value>[^.;!?]{1,80})", re.I), "preference"),
+    (re.compile(r"\bI(?:'m| am)? (?:prefer|really like|love|can't stand|hate|avoid|allergic to|vegetarian|vegan)\b,? ?(?P<value>[^.;!?]{1,80})", re.I), "preference"),
     (re.compile(r"\b(?:from now on|going forward|always|never)\b,? (?P<value>[^.;!?]{1,120})", re.I), "instruction"),
 )
 
@@ -168,7 +168,7 @@ class MemoryStore:
     """A persistent store at `path` (":memory:" for a throwaway one). Not thread-safe; one writer."""
 
     def __init__(self, path: str, *, recency_weight: float = 0.3, entity_weight: float = 1.0,
-                 candidates: int = 64, min_coverage: float = 0.5) -> None:
+                 candidates: int = 64, min_coverage: float = 0.5, rank_limit: int = 4000) -> None:
         if path != ":memory:" and os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
         self.path = path
@@ -180,6 +180,7 @@ class MemoryStore:
         self.entity_weight = entity_weight
         self.candidates = candidates
         self.min_coverage = min_coverage
+        self.rank_limit = rank_limit  # above this many matching turns, candidates are the newest, not bm25's best
 
     def close(self) -> None:
         self.conn.close()
@@ -339,6 +340,8 @@ class MemoryStore:
         """Best turns for `query`: bm25 candidates (all content words, else any), re-ranked by
         bm25 + recency + entity match; plus matching current facts. Abstains with a reason when the query
         names an unknown entity or no hit covers `min_coverage` of the query's content words."""
+        since = _check_ts(since) if since is not None else None
+        until = _check_ts(until) if until is not None else None
         words = content_words(query)
         ents = query_entities(query)
         unknown = [e for e in ents if not self.known_term(e)]
@@ -356,9 +359,13 @@ class MemoryStore:
         rows: list[tuple] = []
         seen: set[int] = set()
         # Turns naming the query's entities come first: an entity anchors everything said about it.
-        exprs = [_phrase(e) for e in ents] + [_match_expr(by_rarity[:k], "AND") for k in range(len(by_rarity), 0, -1)]
-        for expr in exprs:
-            for r in self._candidates(expr, since, until):
+        ent_df = self._doc_freq([w for e in ents for w in content_words(e)])
+        exprs = [(_phrase(e), min([ent_df.get(w, 0) for w in content_words(e)] or [0])) for e in ents]
+        exprs += [(_match_expr(by_rarity[:k], "AND"), df[by_rarity[0]]) for k in range(len(by_rarity), 0, -1)]
+        for expr, upper in exprs:
+            # bm25-ranking a huge match set costs tens of ms; past `rank_limit` matches take the newest instead
+            # (the re-ranker weighs coverage and recency anyway).
+            for r in self._candidates(expr, since, until, ranked=upper <= self.rank_limit):
                 if r[0] not in seen:
                     seen.add(r[0])
                     rows.append(r)
@@ -393,18 +400,19 @@ class MemoryStore:
             self._count = self.count()
         return self._count
 
-    def _candidates(self, match: str, since: str | None, until: str | None) -> list[tuple]:
+    def _candidates(self, match: str, since: str | None, until: str | None, ranked: bool = True) -> list[tuple]:
+        """Up to `candidates` turns matching the FTS expression: best bm25 first, or (ranked=False) newest
+        first (turn ids follow arrival order)."""
         if not match:
             return []
+        order = "rank" if ranked else "rowid DESC"
+        where, args = "", [match]
+        if since or until:  # filter inside the FTS scan so the range is not starved by the candidate limit
+            where = " AND rowid IN (SELECT id FROM turns WHERE ts >= ? AND ts < ?)"
+            args += [since or "", until or "\uffff"]
         sql = ("SELECT t.id, t.session, t.ts, t.role, t.content, f.rank FROM "
-               f"(SELECT rowid, rank FROM turns_fts WHERE turns_fts MATCH ? ORDER BY rank LIMIT {int(self.candidates)}) f "
+               f"(SELECT rowid, rank FROM turns_fts WHERE turns_fts MATCH ?{where} ORDER BY {order} LIMIT {int(self.candidates)}) f "
                "JOIN turns t ON t.id = f.rowid")
-        args: list[Any] = [match]
-        if since or until:
-            # With a time range, filter inside the FTS scan so the range is not starved by the candidate limit.
-            sql = ("SELECT t.id, t.session, t.ts, t.role, t.content, turns_fts.rank FROM turns_fts JOIN turns t ON t.id = turns_fts.rowid "
-                   "WHERE turns_fts MATCH ? AND t.ts >= ? AND t.ts < ? ORDER BY turns_fts.rank LIMIT ?")
-            args += [_check_ts(since) if since else "", _check_ts(until) if until else "\uffff", int(self.candidates)]
         return self.conn.execute(sql, args).fetchall()
 
     def _score(self, row: tuple, words: list[str], idf: dict[str, float], ents: list[str], newest: str) -> Hit:
