@@ -23,12 +23,14 @@ from mpa_jax.harness.memory.suite import ABILITIES, read_history, read_meta, rea
 
 def ingest_suite(suite_dir: str, store_path: str, *, batch: int = 20_000,
                  progress: Callable[[int, int], None] | None = None) -> MemoryStore:
-    """The suite's history in a store at `store_path`; an existing complete store is reused (its meta
-    records the suite's turn count), a partial one (a crashed ingest) is rebuilt."""
+    """The suite's history in a store at `store_path`; an existing complete store of the same suite is reused
+    (its meta table records the suite's meta.json), anything else there (a crashed ingest, another suite) is
+    rebuilt."""
     meta = read_meta(suite_dir)
     store = MemoryStore(store_path)
-    done = store.conn.execute("SELECT value FROM meta WHERE key = 'suite_turns'").fetchone()
-    if done and int(done[0]) == meta["turns"] and store.count() == meta["turns"]:
+    stamp = json.dumps(meta, sort_keys=True)  # a rewritten suite (other seed or size) invalidates the store
+    done = store.conn.execute("SELECT value FROM meta WHERE key = 'suite_meta'").fetchone()
+    if done and done[0] == stamp and store.count() == meta["turns"]:
         return store
     if store.count():
         store.close()
@@ -49,7 +51,7 @@ def ingest_suite(suite_dir: str, store_path: str, *, batch: int = 20_000,
                 progress(n, meta["turns"])
     if rows:
         store.ingest_many(rows, ids=ids)
-    store.conn.execute("INSERT OR REPLACE INTO meta VALUES ('suite_turns', ?)", (str(meta["turns"]),))
+    store.conn.execute("INSERT OR REPLACE INTO meta VALUES ('suite_meta', ?)", (stamp,))
     return store
 
 
@@ -83,6 +85,15 @@ def _lines(context: str, subject: str) -> list[tuple[str, str, str]]:
     return sorted(out)
 
 
+def _last_match(lines: list[tuple[str, str]], pattern: str, flags: int = 0) -> str:
+    """Group 1 of `pattern` in the newest line that matches it, else "unknown"."""
+    for _, text in reversed(lines):
+        m = re.search(pattern, text, flags)
+        if m:
+            return m.group(1)
+    return "unknown"
+
+
 class ScriptedReader:
     """A deterministic extractive reader for tests and CPU figures: it answers only from the context's turn
     lines that mention the question's subject (the generator's `reader` hints), as a careful model would.
@@ -99,14 +110,12 @@ class ScriptedReader:
             return "unknown"
         ab = q["ability"]
         if ab == "information_extraction":
-            m = re.search(re.escape(subj) + r" is ([^.]+)\.", users[-1][1], re.I)
-            return m.group(1) if m else "unknown"
-        if ab == "knowledge_update":
-            m = re.search(re.escape(subj) + r" is (?:now )?([A-Z]\w+ [A-Z]\w+)", users[-1][1])
-            return m.group(1) if m else "unknown"
+            return _last_match(users, re.escape(subj) + r" is ([^.]+)\.", re.I)
+        if ab == "knowledge_update":  # the newest statement of the attribute, not the newest mention
+            return _last_match(users, re.escape(subj) + r" is (?:now )?([A-Z]\w+ [A-Z]\w+)")
         if ab == "contradiction_resolution":
             neg = any("never" in t.lower() for _, t in users)
-            pos = any("never" not in t.lower() for _, t in users)
+            pos = any(re.search(r"\b(visited|again|my old)\b", t, re.I) and "never" not in t.lower() for _, t in users)
             return "conflicting" if neg and pos else ("no" if neg else "yes")
         if ab == "event_ordering":
             first: dict[str, str] = {}
@@ -116,8 +125,10 @@ class ScriptedReader:
                         first[opt] = ts
             known = sorted(first, key=lambda o: first[o])
             return ", ".join(known + [o for o in q["reader"]["options"] if o not in first])
-        if ab in ("instruction_following", "preference_following"):
-            return users[-1][1]  # the reply is written under the standing instruction / preference it read
+        if ab == "instruction_following":  # the reply is written under the newest standing instruction
+            return _last_match(users, r"((?:from now on|going forward|always|never)\b.*)", re.I)
+        if ab == "preference_following":
+            return _last_match(users, r"\b(?:prefer|like|love)\b(.*)", re.I)
         if ab == "multi_session_reasoning":
             if q["reader"].get("sum"):
                 return str(sum(int(m.group(1)) for _, t in users for m in re.finditer(r"paid (\d+) dollars", t)))

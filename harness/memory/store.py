@@ -93,7 +93,7 @@ def query_entities(text: str) -> list[str]:
 _FACT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bmy (?P<attr>[a-z][a-z' ]{1,40}?) is (?:now |actually )?(?P<value>[^.;!?,]{1,80})", re.I), "fact"),
     (re.compile(r"\b(?P<value>[A-Z][\w' ]{1,40}?) is (?:now )?my (?P<attr>[a-z][a-z ]{1,30}?)\b(?: now)?[.;!?]", re.I), "fact"),
-    (re.compile(r"\bI(?:'m| am)? (?:prefer|really like|love|can't stand|hate|avoid|allergic to|vegetarian|vegan)\b,? ?(?P<value>[^.;!?]{1,80})", re.I), "preference"),
+    (re.compile(r"\bI(?:'m| am)?(?: really)? (?:prefer|like|love|can't stand|hate|avoid|allergic to|vegetarian|vegan)\b,? ?(?P<value>[^.;!?]{1,80})", re.I), "preference"),
     (re.compile(r"\b(?:from now on|going forward|always|never)\b,? (?P<value>[^.;!?]{1,120})", re.I), "instruction"),
 )
 

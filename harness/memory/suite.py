@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import random
 from typing import Any, Callable, Iterator
@@ -92,6 +93,7 @@ class Plant:
     evidence: list[int]  # indices into `turns` whose user turn is the evidence
     key_points: list[str] = dataclasses.field(default_factory=list)
     reader: dict[str, Any] = dataclasses.field(default_factory=dict)
+    mention: str = ""  # how other turns refer to the subject (distractors)
 
 
 def _positions(rng: random.Random, k: int, gap: float) -> list[float]:
@@ -148,9 +150,9 @@ _COUNTS = (
     ("I bought a new plant for the {N} balcony garden: a {x}.", ("fern", "cactus", "basil", "orchid", "ivy", "aloe", "mint"),
      "How many plants have I bought for the {N} balcony garden?", "plant for the {N} balcony garden"),
     ("Added a book to the {N} reading list: {x}.", ("Dune", "Emma", "Ulysses", "Beloved", "Rebecca", "Persuasion"),
-     "How many books have I added to the {N} reading list?", "the {N} reading list"),
+     "How many books have I added to the {N} reading list?", "to the {N} reading list"),
     ("I paid {x} dollars toward the {N} trip fund.", tuple(str(v) for v in (20, 35, 40, 50, 60, 75, 80, 120)),
-     "How much have I paid toward the {N} trip fund in total, in dollars?", "the {N} trip fund"),
+     "How much have I paid toward the {N} trip fund in total, in dollars?", "toward the {N} trip fund"),
 )
 _POINTS = (  # key point templates for summarization; {v} is the checkable value
     ("the budget is {v} dollars", lambda r, n: str(r.randrange(1000, 9000, 50))),
@@ -168,14 +170,33 @@ _SPANS = (("I started the {N} pottery course today.", "I finished the {N} potter
            "How many days did it take me to read the {N} saga?"))
 
 
-def _plants(rng: random.Random, name: Callable[[], str], per: int, persona_name: str) -> list[Plant]:
+_DISTRACT = {  # mentions of a plant's subject that carry no evidence (they compete for the context budget)
+    "information_extraction": ("I might stop by {e} later this week.", "Is {e} open on Sundays?", "{e} was busy today."),
+    "knowledge_update": ("Remind me to ask my {e} about next month.", "I still owe my {e} a call.", "Did my {e} send the invoice?"),
+    "contradiction_resolution": ("{e} came up in conversation today.", "Someone mentioned {e} at lunch."),
+    "event_ordering": ("For {e}: I still need to think about the flowers.", "Everyone keeps asking me about {e}."),
+    "instruction_following": ("Check {e} for me.", "Anything new about {e}?"),
+    "preference_following": ("I was thinking about {e} again.", "My sister asked me about {e}."),
+    "multi_session_reasoning": ("I looked at {e} again today.", "{E} needs some attention this weekend."),
+    "summarization": ("I have a call about {e} tomorrow.", "Remind me to follow up on {e}."),
+    "temporal_reasoning": ("The {e} is going well so far.", "Told a friend about the {e}."),
+}
+
+
+def distractors_per_plant(tokens: int) -> int:
+    """Subject mentions without evidence per planted question: more as the history grows (2 at 100K, 6 at 10M)."""
+    return max(1, round(2 * math.log10(max(tokens, 10_000) / 10_000)))
+
+
+def _plants(rng: random.Random, name: Callable[[], str], per: int, tokens: int) -> list[Plant]:
     out: list[Plant] = []
     for i in range(per):  # information extraction
         subj_t, val = _EXTRACT[i % len(_EXTRACT)]
         subj, v = subj_t.format(N=name()), val(rng)
         text = rng.choice(("By the way, {s} is {v}.", "Note for later: {s} is {v}.", "Just so you know, {s} is {v}."))
         out.append(Plant("information_extraction", [(rng.uniform(0.02, 0.98), text.format(s=subj, v=v), rng.choice(_OK))],
-                         f"What is {subj}?", v, "exact", [0], reader={"subject": subj}))
+                         f"What is {subj}?", v, "exact", [0], reader={"subject": subj},
+                         mention=subj.split(" at ")[-1].split(" for ")[-1]))
     roles = rng.sample(_ROLES, min(per, len(_ROLES)))
     for role in roles:  # knowledge update: 1-2 updates, the newest wins
         people = [f"{name()} {rng.choice(LAST)}" for _ in range(rng.choice((2, 3)))]
@@ -184,7 +205,7 @@ def _plants(rng: random.Random, name: Callable[[], str], per: int, persona_name:
         for p, (old, new) in zip(pos[1:], zip(people, people[1:])):
             turns.append((p, f"Quick update: my {role} is now {new}, I switched from {old}.", "Updated, thanks."))
         out.append(Plant("knowledge_update", turns, f"Who is my {role} now?", people[-1], "exact", [len(turns) - 1],
-                         reader={"subject": f"my {role}"}))
+                         reader={"subject": f"my {role}"}, mention=role))
     for i in range(per):  # contradiction: a denial and a later affirmation, no update cue
         neg, pos_t, q = _CONTRA[i % len(_CONTRA)]
         n = name()
@@ -193,7 +214,7 @@ def _plants(rng: random.Random, name: Callable[[], str], per: int, persona_name:
             p = p[::-1]
         turns = sorted([(p[0], neg.format(N=n), "Okay."), (p[1], pos_t.format(N=n), "Sounds nice.")])
         out.append(Plant("contradiction_resolution", turns, q.format(N=n), "conflicting", "conflict", [0, 1],
-                         reader={"subject": n}))
+                         reader={"subject": n}, mention=n))
     for i in range(per):  # event ordering
         who = f"{name()}'s {rng.choice(_OCCASIONS)}"
         steps = rng.sample(_STEPS, 4)
@@ -202,19 +223,19 @@ def _plants(rng: random.Random, name: Callable[[], str], per: int, persona_name:
         shown = steps[:]
         rng.shuffle(shown)
         out.append(Plant("event_ordering", turns, f"In what order did I do these things for {who}: {', '.join(shown)}?",
-                         steps, "order", [0, 1, 2, 3], reader={"subject": who, "options": shown}))
+                         steps, "order", [0, 1, 2, 3], reader={"subject": who, "options": shown}, mention=who))
     for topic in rng.sample(_TOPICS, min(per, len(_TOPICS))):  # instruction following
         directive, keyword = rng.choice(_DIRECTIVES)
         text = f"From now on, whenever I ask about {topic}, {directive}."
         out.append(Plant("instruction_following", [(rng.uniform(0.02, 0.9), text, "Understood, I will.")],
                          f"Can you give me an update on {topic}?", keyword, "must_mention", [0],
-                         reader={"subject": topic, "directive": directive}))
+                         reader={"subject": topic, "directive": directive}, mention=topic))
     for activity, options in rng.sample(_PREFS, min(per, len(_PREFS))):  # preference following
         opt = rng.choice(options)
         text = rng.choice(("When it comes to {a}, I prefer {o}.", "For {a} I really prefer {o}."))
         out.append(Plant("preference_following", [(rng.uniform(0.02, 0.9), text.format(a=activity, o=opt), "Good to know.")],
                          f"Any suggestions for {activity} this weekend?", opt, "must_mention", [0],
-                         reader={"subject": activity, "preference": opt}))
+                         reader={"subject": activity, "preference": opt}, mention=activity))
     for i in range(per):  # multi-session: count or sum over several sessions
         tmpl, items, q, subj = _COUNTS[i % len(_COUNTS)]
         n = name()
@@ -224,7 +245,8 @@ def _plants(rng: random.Random, name: Callable[[], str], per: int, persona_name:
         turns = [(p, tmpl.format(N=n, x=x), "Nice.") for p, x in zip(pos, xs)]
         ans = sum(int(x) for x in xs) if "dollars" in tmpl else k
         out.append(Plant("multi_session_reasoning", turns, q.format(N=n), ans, "number", list(range(k)),
-                         reader={"subject": subj.format(N=n), "sum": "dollars" in tmpl}))
+                         reader={"subject": subj.format(N=n), "sum": "dollars" in tmpl},
+                         mention=subj.format(N=n).split(" the ", 1)[-1].join(("the ", ""))))
     for i in range(per):  # summarization: key points of one project spread over sessions
         proj = f"the {name()} project"
         pts = rng.sample(_POINTS, rng.randint(3, 5))
@@ -232,19 +254,29 @@ def _plants(rng: random.Random, name: Callable[[], str], per: int, persona_name:
         pos = _positions(rng, len(pts), 0.04)
         turns = [(p, f"About {proj}: {t.format(v=v)}.", "Noted.") for p, (t, _), v in zip(pos, pts, vals)]
         out.append(Plant("summarization", turns, f"Summarize what I told you about {proj}.", vals, "keypoints",
-                         list(range(len(turns))), key_points=vals, reader={"subject": proj}))
+                         list(range(len(turns))), key_points=vals, reader={"subject": proj}, mention=proj))
     for i in range(per):  # temporal: days between two dated turns (the session dates)
         start_t, end_t, q = _SPANS[i % len(_SPANS)]
         n = name()
         pos = _positions(rng, 2, 0.05)
         turns = [(pos[0], start_t.format(N=n), "Exciting!"), (pos[1], end_t.format(N=n), "Congratulations!")]
-        out.append(Plant("temporal_reasoning", turns, q.format(N=n), None, "number", [0, 1], reader={"subject": n}))
+        thing = start_t.format(N=n).split(" the ", 1)[-1].rstrip(".").replace(" today", "")
+        out.append(Plant("temporal_reasoning", turns, q.format(N=n), None, "number", [0, 1], reader={"subject": n},
+                         mention=thing))
     for i in range(per):  # abstention: the same shapes of question about things never said
         n = name()
         q = rng.choice((f"What is the locker code at {n} Gym?", f"Have I ever been to {n}?",
                         f"How many plants have I bought for the {n} balcony garden?",
                         f"Summarize what I told you about the {n} project.", f"Who is {n}'s dentist?"))
         out.append(Plant("abstention", [], q, "unknown", "abstain", [], reader={"subject": n}))
+    k = distractors_per_plant(tokens)
+    for p in out:
+        if p.ability == "abstention":
+            continue
+        for _ in range(k):
+            t = rng.choice(_DISTRACT[p.ability]).format(e=p.mention, E=p.mention[:1].upper() + p.mention[1:])
+            t = t[:1].upper() + t[1:]
+            p.turns.append((rng.uniform(0.02, 0.98), t, rng.choice(("Okay.", "Sure.", "Noted."))))
     return out
 
 
@@ -330,7 +362,7 @@ def write_suite(out_dir: str, tokens: int, *, seed: int = 0, per_ability: int = 
     persona, rows = build_persona(persona_seed)
     banned = {w.lower() for pool in POOLS.values() for v in pool for w in str(v).split()}
     banned |= {w.lower() for w in FIRST + LAST + list(CITIES)}
-    plants = _plants(rng, Names(random.Random(rng.random()), banned), per_ability, persona.user_name)
+    plants = _plants(rng, Names(random.Random(rng.random()), banned), per_ability, tokens)
     # Plant schedule: (position, plant index, turn index), time order.
     schedule = sorted((pos, pi, ti) for pi, p in enumerate(plants) for ti, (pos, _, _) in enumerate(p.turns))
     start = dt.datetime.fromisoformat(persona.now) - dt.timedelta(days=span_days(tokens))
