@@ -136,6 +136,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory.seed = 0  # suite generator seed
     c.memory.persona_seed = 0  # the sandbox persona whose world the histories talk about
     c.memory.per_ability = 10  # questions per BEAM ability in a suite
+    c.memory.paraphrase = 0.3  # share of update/instruction/preference questions worded unlike the history
     c.memory.budget_tokens = 2048  # context budget of memory and of the long-context baseline (ceil(chars/4))
     c.memory.reader = "scripted"  # scripted | openai | none (answer accuracy in `mpa memory eval`)
     c.memory.store = ml_collections.ConfigDict()

@@ -229,7 +229,7 @@ def evaluate_suite(suite_dir: str, *, budget_tokens: int = 2048, store_path: str
         t1 = time.perf_counter()
         ctx = provider.context(q["question"], budget_tokens)
         lat.append(time.perf_counter() - t1)
-        row = {"id": q["id"], "ability": q["ability"],
+        row = {"id": q["id"], "ability": q["ability"], "paraphrased": bool(q.get("paraphrased", False)),
                "memory_recall": evidence_recall(q, ctx, lines),
                "long_context_recall": evidence_recall(q, baseline, lines, fits)}
         if reader is not None:
@@ -251,6 +251,10 @@ def evaluate_suite(suite_dir: str, *, budget_tokens: int = 2048, store_path: str
         "suite": os.path.abspath(suite_dir), "tokens": meta["tokens"], "target_tokens": meta["target_tokens"],
         "turns": meta["turns"], "sessions": meta["sessions"], "questions": len(questions),
         "budget_tokens": budget_tokens, "memory": table("memory_recall"), "long_context": table("long_context_recall"),
+        "by_wording": {w: {"questions": sum(1 for r in per_q if r["paraphrased"] == (w == "paraphrased")),
+                           "memory": _mean([r["memory_recall"] for r in per_q if r["paraphrased"] == (w == "paraphrased")]),
+                           "long_context": _mean([r["long_context_recall"] for r in per_q if r["paraphrased"] == (w == "paraphrased")])}
+                       for w in ("literal", "paraphrased")},
         "timing": {"ingest_s": round(ingest_s, 2), "context_p50_ms": round(1000 * statistics.median(lat), 2) if lat else 0.0,
                    "context_max_ms": round(1000 * max(lat), 2) if lat else 0.0},
     }

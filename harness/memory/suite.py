@@ -11,7 +11,7 @@ benchmark's tools act on.
 Layout of a suite directory:
   history.jsonl    one turn per line: {"id", "session", "ts", "role", "content"} (ids from 1, time order)
   questions.jsonl  {"id", "ability", "question", "answer", "answer_kind", "evidence": [turn ids],
-                    "key_points": [...], "reader": {hints for the scripted reader only}}
+                    "key_points": [...], "paraphrased": bool, "reader": {hints for the scripted reader only}}
   meta.json        {"tokens", "target_tokens", "turns", "sessions", "seed", "persona_seed", "user", "now", ...}
 Tokens are estimated as ceil(chars / 4) over each turn's content.
 """
@@ -94,6 +94,7 @@ class Plant:
     key_points: list[str] = dataclasses.field(default_factory=list)
     reader: dict[str, Any] = dataclasses.field(default_factory=dict)
     mention: str = ""  # how other turns refer to the subject (distractors)
+    paraphrased: bool = False  # the question avoids the words the history used
 
 
 def _positions(rng: random.Random, k: int, gap: float) -> list[float]:
@@ -183,13 +184,51 @@ _DISTRACT = {  # mentions of a plant's subject that carry no evidence (they comp
 }
 
 
+# Paraphrased questions: the same question without the words the history used (BEAM's questions are
+# written by people, not copied from the chat). A lexical index cannot bridge these; they show what it misses.
+_ROLE_PARA = {
+    "dentist": "Who looks after my teeth now?", "coach": "Who is training me these days?",
+    "tutor": "Who gives me private lessons now?", "landlord": "Who am I renting my flat from now?",
+    "plumber": "Who do I call now when a pipe leaks?", "babysitter": "Who watches the kids for me now?",
+    "accountant": "Who does my taxes now?", "vet": "Who treats my pets now?", "hairdresser": "Who cuts my hair now?",
+    "physiotherapist": "Who is treating my back injury now?", "piano teacher": "Who gives me music lessons now?",
+    "mechanic": "Who repairs my car now?", "electrician": "Who handles the wiring at my place now?",
+    "dog walker": "Who takes my pup out now?", "therapist": "Who do I see for counselling now?",
+    "optician": "Who checks my eyes now?", "financial advisor": "Who manages my investments now?",
+    "personal trainer": "Who runs my gym sessions now?", "gardener": "Who looks after my garden now?",
+    "lawyer": "Who handles my legal matters now?", "doctor": "Who do I see when I'm ill now?",
+    "pharmacist": "Who fills my prescriptions now?", "nanny": "Who looks after the children now?",
+    "driving instructor": "Who is teaching me to drive now?",
+}
+_TOPIC_PARA = {
+    "flights": "air travel", "the weather": "the forecast", "restaurants": "places to eat", "my calendar": "my schedule",
+    "workouts": "exercise", "my bank balance": "how much money I have", "train times": "rail departures",
+    "movie times": "film showings", "hotels": "places to stay", "podcasts": "audio shows", "recipes": "cooking ideas",
+    "the news": "current events", "traffic": "congestion on the roads", "parking": "where to leave the car",
+    "rides": "getting a taxi", "packages": "deliveries", "groceries": "food shopping", "concerts": "live music",
+    "museums": "exhibitions", "my sleep": "how I rested",
+}
+_ACTIVITY_PARA = {
+    "dinner out": "eating at a restaurant tonight", "weekend hikes": "a walk in the hills",
+    "movie nights": "something to watch at home", "coffee": "my morning caffeine",
+    "hotel stays": "where to sleep on my trip", "flight seats": "where to sit on the plane",
+    "podcasts on my commute": "something to listen to on the way to work", "gifts for my sister": "a present for my sibling",
+    "workouts": "getting some exercise", "weekend trips": "a short getaway",
+    "lunch orders": "what to get for my midday meal", "music while working": "background sounds at my desk",
+}
+
+
 def distractors_per_plant(tokens: int) -> int:
     """Subject mentions without evidence per planted question: more as the history grows (2 at 100K, 6 at 10M)."""
     return max(1, round(2 * math.log10(max(tokens, 10_000) / 10_000)))
 
 
-def _plants(rng: random.Random, name: Callable[[], str], per: int, tokens: int) -> list[Plant]:
+def _plants(rng: random.Random, name: Callable[[], str], per: int, tokens: int, paraphrase: float = 0.0) -> list[Plant]:
     out: list[Plant] = []
+
+    def para() -> bool:
+        return rng.random() < paraphrase
+
     for i in range(per):  # information extraction
         subj_t, val = _EXTRACT[i % len(_EXTRACT)]
         subj, v = subj_t.format(N=name()), val(rng)
@@ -204,8 +243,9 @@ def _plants(rng: random.Random, name: Callable[[], str], per: int, tokens: int) 
         turns = [(pos[0], f"My {role} is {people[0]}.", rng.choice(_OK))]
         for p, (old, new) in zip(pos[1:], zip(people, people[1:])):
             turns.append((p, f"Quick update: my {role} is now {new}, I switched from {old}.", "Updated, thanks."))
-        out.append(Plant("knowledge_update", turns, f"Who is my {role} now?", people[-1], "exact", [len(turns) - 1],
-                         reader={"subject": f"my {role}"}, mention=role))
+        pq = para()
+        out.append(Plant("knowledge_update", turns, _ROLE_PARA[role] if pq else f"Who is my {role} now?", people[-1],
+                         "exact", [len(turns) - 1], reader={"subject": f"my {role}"}, mention=role, paraphrased=pq))
     for i in range(per):  # contradiction: a denial and a later affirmation, no update cue
         neg, pos_t, q = _CONTRA[i % len(_CONTRA)]
         n = name()
@@ -227,14 +267,18 @@ def _plants(rng: random.Random, name: Callable[[], str], per: int, tokens: int) 
     for topic in rng.sample(_TOPICS, min(per, len(_TOPICS))):  # instruction following
         directive, keyword = rng.choice(_DIRECTIVES)
         text = f"From now on, whenever I ask about {topic}, {directive}."
+        pq = para()
         out.append(Plant("instruction_following", [(rng.uniform(0.02, 0.9), text, "Understood, I will.")],
-                         f"Can you give me an update on {topic}?", keyword, "must_mention", [0],
+                         f"Can you give me an update on {_TOPIC_PARA[topic] if pq else topic}?", keyword, "must_mention", [0],
+                         paraphrased=pq,
                          reader={"subject": topic, "directive": directive}, mention=topic))
     for activity, options in rng.sample(_PREFS, min(per, len(_PREFS))):  # preference following
         opt = rng.choice(options)
         text = rng.choice(("When it comes to {a}, I prefer {o}.", "For {a} I really prefer {o}."))
+        pq = para()
         out.append(Plant("preference_following", [(rng.uniform(0.02, 0.9), text.format(a=activity, o=opt), "Good to know.")],
-                         f"Any suggestions for {activity} this weekend?", opt, "must_mention", [0],
+                         f"Any suggestions for {_ACTIVITY_PARA[activity] if pq else activity} this weekend?", opt,
+                         "must_mention", [0], paraphrased=pq,
                          reader={"subject": activity, "preference": opt}, mention=activity))
     for i in range(per):  # multi-session: count or sum over several sessions
         tmpl, items, q, subj = _COUNTS[i % len(_COUNTS)]
@@ -356,13 +400,15 @@ def span_days(tokens: int) -> int:
 
 
 def write_suite(out_dir: str, tokens: int, *, seed: int = 0, per_ability: int = 10, persona_seed: int = 0,
-                progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                paraphrase: float = 0.3, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Write a suite of about `tokens` history tokens to `out_dir`; returns its meta."""
-    rng = random.Random(stable_hash("memory-suite", seed, tokens, per_ability, persona_seed))
+    if not 0.0 <= paraphrase <= 1.0:
+        raise ValueError(f"paraphrase must be in [0, 1], got {paraphrase}")
+    rng = random.Random(stable_hash("memory-suite", seed, tokens, per_ability, persona_seed, paraphrase))
     persona, rows = build_persona(persona_seed)
     banned = {w.lower() for pool in POOLS.values() for v in pool for w in str(v).split()}
     banned |= {w.lower() for w in FIRST + LAST + list(CITIES)}
-    plants = _plants(rng, Names(random.Random(rng.random()), banned), per_ability, tokens)
+    plants = _plants(rng, Names(random.Random(rng.random()), banned), per_ability, tokens, paraphrase)
     # Plant schedule: (position, plant index, turn index), time order.
     schedule = sorted((pos, pi, ti) for pi, p in enumerate(plants) for ti, (pos, _, _) in enumerate(p.turns))
     start = dt.datetime.fromisoformat(persona.now) - dt.timedelta(days=span_days(tokens))
@@ -423,10 +469,10 @@ def write_suite(out_dir: str, tokens: int, *, seed: int = 0, per_ability: int = 
                 answer = (d1 - d0).days
             q = {"id": f"q{qi:04d}", "ability": p.ability, "question": p.question, "answer": answer,
                  "answer_kind": p.answer_kind, "evidence": [turn_ids[(qi, i)] for i in p.evidence],
-                 "key_points": p.key_points, "reader": p.reader}
+                 "key_points": p.key_points, "paraphrased": p.paraphrased, "reader": p.reader}
             f.write(json.dumps(q, ensure_ascii=False) + "\n")
     meta = {"tokens": used, "target_tokens": tokens, "turns": tid, "sessions": session, "seed": seed,
-            "per_ability": per_ability, "persona_seed": persona_seed, "user": persona.user_name,
+            "per_ability": per_ability, "persona_seed": persona_seed, "paraphrase": paraphrase, "user": persona.user_name,
             "now": persona.now, "questions": len(plants), "token_estimate": "ceil(chars/4) per turn"}
     with open(os.path.join(out_dir, "meta.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=1, sort_keys=True)

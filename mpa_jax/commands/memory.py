@@ -44,9 +44,11 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
             tokens = parse_size(args.tokens)
         except ValueError as e:
             raise UserError(str(e)) from None
+        if not 0.0 <= float(mem.get("paraphrase", 0.3)) <= 1.0:
+            raise UserError(f"config.memory.paraphrase must be in [0, 1], got {mem.get('paraphrase')}")
         t0 = time.perf_counter()
         meta = write_suite(args.out, tokens, seed=int(mem.get("seed", 0)), per_ability=int(mem.get("per_ability", 10)),
-                           persona_seed=int(mem.get("persona_seed", 0)))
+                           persona_seed=int(mem.get("persona_seed", 0)), paraphrase=float(mem.get("paraphrase", 0.3)))
         console.print(f"wrote {args.out}: {meta['tokens']:,} tokens, {meta['turns']:,} turns, {meta['sessions']:,} sessions, "
                       f"{meta['questions']} questions ({time.perf_counter() - t0:.1f}s)")
         return 0
