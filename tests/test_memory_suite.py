@@ -134,3 +134,47 @@ def test_cli_suite_and_eval(tmp_path):
     assert main(["memory", "suite", "--tokens", "lots", "--out", d, *wd]) == 2
     assert main(["memory", "eval", "--suite", str(tmp_path / "nope"), "--out", out, *wd]) == 2
     assert main(["memory", "eval", "--suite", d, "--out", out, "--reader", "psychic", *wd]) == 2
+
+
+def test_openai_reader_over_loopback_http(tmp_path):
+    """The OpenAI-compatible reader path over real loopback HTTP. No trained model is served on this machine,
+    so a stand-in endpoint answers: 'unknown' when memory says NOTHING KNOWN, else it echoes the memory block."""
+    import http.server
+    import threading
+
+    from mpa_jax.harness.memory.evaluate import OpenAIReader
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            memory = body["messages"][0]["content"].split("Memory:\n", 1)[1]
+            text = "unknown" if memory.startswith("NOTHING KNOWN") else memory
+            out = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        d = str(tmp_path / "s")
+        write_suite(d, 10_000, per_ability=1, paraphrase=0.0)
+        reader = OpenAIReader(f"http://127.0.0.1:{srv.server_address[1]}/v1", "tiny")
+        rep = evaluate_suite(d, budget_tokens=1024, reader=reader)
+    finally:
+        srv.shutdown()
+    assert len(seen) == 2 * rep["questions"]
+    assert all(p == "/v1/chat/completions" and b["model"] == "tiny" for p, b in seen)
+    assert {b["messages"][1]["content"] for _, b in seen} == {q["question"] for q in read_questions(d)}
+    acc = rep["answer_accuracy"]
+    assert acc["reader"] == "openai"
+    assert acc["memory"]["information_extraction"] == 1.0 and acc["memory"]["abstention"] == 1.0
+    assert acc["long_context"]["mean"] < acc["memory"]["mean"]

@@ -106,3 +106,14 @@ def test_memory_for_a_benchmark_task_answers_from_history():
     wrote = tools.call("memory_write", {"attribute": "weight", "value": "70 kg"})
     assert wrote.ok and store.facts("weight")[0].ts == now  # writes carry the frozen episode clock
     store.close()
+
+
+def test_memory_package_never_imports_jax():
+    """harness never imports jax (DESIGN §2): checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mpa_jax.harness.memory, mpa_jax.harness.memory.evaluate, mpa_jax.commands.memory; "
+            "print(sorted(m for m in ('jax', 'flax', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
