@@ -117,3 +117,79 @@ def test_memory_package_never_imports_jax():
             "print(sorted(m for m in ('jax', 'flax', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+_COACH_HISTORY = [
+    {"role": "user", "content": "What's a good name for a grey cat?"},
+    {"role": "assistant", "content": "Maybe Pepper, Smokey or Miso."},
+    {"role": "user", "content": "I've started training with Omar Silva. They're my coach now and want weekly weigh-ins."},
+    {"role": "assistant", "content": "Great, I'll remember that Omar Silva is your coach."},
+]
+
+
+def test_provider_context_tools_and_observe():
+    """The harness provider shape: source/specs/call(name, args, call_id) + context(task, query) + observe."""
+    from mpa_jax.envs.contract import Action
+    from mpa_jax.harness.memory import MemoryProvider
+
+    p = MemoryProvider(budget_tokens=200)
+    task = _memory_task(_COACH_HISTORY)
+    assert p.source == "memory" and [s.name for s in p.specs()] == ["memory_search", "memory_write"]
+    early = p.call("memory_search", {"query": "coach"}, "c0")
+    assert early.error_code == ErrorCode.PRECONDITION_FAILED  # nothing opened on this thread yet
+    ctx = p.context(task, "ignored: the runtime's query")
+    assert "Omar Silva" in ctx and "cat" not in ctx and len(ctx) // 4 <= 200 + 20
+    fb = p.call("memory_search", {"query": "Who is my coach?"}, "c1")
+    assert fb.ok and fb.call_id == "c1" and "Omar Silva" in fb.result["turns"][0]["content"]
+    assert p.call("memory_search", {"query": 3}, "c2").error_code == ErrorCode.INVALID_ARGUMENTS
+    p.observe(task, Action.message("I texted 154.32 lb to your coach Omar Silva."), Feedback(call_id="", status="ok"))
+    p.observe(task, Action.tool_call("send_sms", {"to": "contact_1", "body": "x"}), Feedback(call_id="", status="ok"))
+    turns = p.call("memory_search", {"query": "154.32 lb"}).result["turns"]
+    assert [t["role"] for t in turns] == ["assistant"]
+    other = _memory_task([{"role": "user", "content": "My plumber is Ana Ruiz."}])
+    other.id = "mem-2"
+    assert p.context(other, "") == ""  # "Text my coach ...": this history knows no coach, so no block
+    assert p.call("memory_search", {"query": "coach"}).result["nothing_known"] is True  # now routed to mem-2
+    p.close()
+
+
+def test_provider_routes_each_thread_to_its_episode():
+    import threading
+
+    from mpa_jax.harness.memory import MemoryProvider
+
+    p = MemoryProvider()
+    a = _memory_task([{"role": "user", "content": "My coach is Dana Kim."}])
+    b = _memory_task([{"role": "user", "content": "My coach is Ravi Patel."}])
+    b.id = "mem-b"
+    got: dict[str, str] = {}
+    barrier = threading.Barrier(2)
+
+    def run(task, key):
+        p.context(task, "")
+        barrier.wait()  # both episodes open before either calls a tool
+        got[key] = p.call("memory_search", {"query": "Who is my coach?"}).result["facts"][0]["value"]
+
+    threads = [threading.Thread(target=run, args=(t, k)) for t, k in ((a, "a"), (b, "b"))]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert got == {"a": "Dana Kim", "b": "Ravi Patel"}
+    p.close()
+
+
+def test_provider_with_a_persistent_store(tmp_path):
+    from mpa_jax.harness.memory import MemoryProvider
+
+    path = str(tmp_path / "user.sqlite")
+    task = _memory_task(_COACH_HISTORY)
+    p = MemoryProvider(path)
+    p.context(task, "")
+    assert p.call("memory_write", {"attribute": "gym", "value": "Harbor Fitness"}).ok
+    p.close()
+    again = MemoryProvider(path)
+    again.context(task, "")  # the same task's history is not ingested twice
+    store = again._episodes[task.id].store
+    assert store.count() == len(_COACH_HISTORY) and store.facts("gym")[0].value == "Harbor Fitness"
+    again.close()
+    with pytest.raises(ValueError, match="budget_tokens"):
+        MemoryProvider(budget_tokens=4)

@@ -17,17 +17,24 @@ The seam with the harness runtime (everything below is importable from `mpa_jax.
     `MemoryTools.names()` tells the registry which calls to route here.
 (d) Episodes. `memory_for_task(task)` -> (store, tools) holding the Task's `history` (Memory-category tasks):
     with the harness on, the planner can `memory_search` the history instead of reading it all in its prompt.
+(e) All of it as one harness provider: `MemoryProvider(path=None, budget_tokens=512)` has the registry's
+    ToolProvider shape (`source = "memory"`, `specs()`, `call(name, args, call_id)`) plus `context(task, query)`
+    (the memory block for the episode's request; "" when memory abstains) and `observe(task, action, feedback)`,
+    the hooks the runtime (i14's `HarnessSession.add_provider`) looks for. Without a path each episode gets an
+    in-memory store of its Task's history; with one, a persistent store shared by all episodes.
 
 Suites and evaluation: `suite.write_suite` (BEAM-style histories, `mpa memory suite`), `evaluate.evaluate_suite`
 (`mpa memory eval`). See docs/memory.md.
 """
 from mpa_jax.harness.memory.context import MemoryContext, long_context
 from mpa_jax.harness.memory.episode import ingest_history, memory_for_task, task_now
+from mpa_jax.harness.memory.provider import MemoryProvider
 from mpa_jax.harness.memory.store import (NOTHING_KNOWN, Fact, Hit, MemoryStore, SearchResult, estimate_tokens,
                                           extract_facts)
 from mpa_jax.harness.memory.tools import SPECS, MemoryTools
 
 __all__ = [
-    "NOTHING_KNOWN", "SPECS", "Fact", "Hit", "MemoryContext", "MemoryStore", "MemoryTools", "SearchResult",
+    "NOTHING_KNOWN", "SPECS", "Fact", "Hit", "MemoryContext", "MemoryProvider", "MemoryStore", "MemoryTools",
+    "SearchResult",
     "estimate_tokens", "extract_facts", "ingest_history", "long_context", "memory_for_task", "task_now",
 ]
