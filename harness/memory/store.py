@@ -79,7 +79,8 @@ def query_entities(text: str) -> list[str]:
                 ents.append(" ".join(run))
                 run = []
             continue
-        if w[0].isupper() and len(w) > 1 and not sentence_start and w.lower() not in STOPWORDS:
+        # Names, not acronyms or units ("KB", "IBAN"): only those anchor a query or make it abstain.
+        if w[0].isupper() and not w.isupper() and len(w) > 1 and not sentence_start and w.lower() not in STOPWORDS:
             run.append(w)
         elif run:
             ents.append(" ".join(run))
@@ -381,6 +382,12 @@ class MemoryStore:
                     rows.append(r)
             if len(rows) >= self.candidates:
                 break
+        # Still short (a small store, or words that never meet): any of the words, when that is cheap.
+        if len(rows) < self.candidates and len(words) > 1 and sum(df.values()) <= 20 * self.rank_limit:
+            for r in self._candidates(_match_expr(words, "OR"), since, until, ranked=sum(df.values()) <= self.rank_limit):
+                if r[0] not in seen:
+                    seen.add(r[0])
+                    rows.append(r)
         total = max(1, self.count_cached())
         idf = {w: math.log(1.0 + total / df[w]) for w in words}
         if not rows:
