@@ -144,4 +144,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory.store.entity_weight = 1.0
     c.memory.store.candidates = 64  # bm25 candidates re-ranked per query
     c.memory.store.min_coverage = 0.5  # abstain below this idf-weighted coverage (queries without known entities)
+    c.memory.store.rank_limit = 500  # bm25-rank candidates up to this many matches; past it, the newest
     return c

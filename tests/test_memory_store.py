@@ -133,3 +133,28 @@ def test_wal_crash_safety_kill_writer_mid_way(tmp_path):
     s.ingest_turn("after", "2026-03-02T09:00", "user", "still writable")
     assert s.count() == n + 1
     s.close()
+
+
+def test_one_store_shared_by_threads(tmp_path):
+    """Harness episodes on threads may share one persistent store: writes and searches interleave safely."""
+    import threading
+
+    s = MemoryStore(str(tmp_path / "shared.sqlite"))
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(40):
+                s.ingest_turn(f"t{k}", f"2026-03-{1 + i % 28:02d}T09:00", "user", f"thread {k} note {i} about the Velmora ferry")
+                assert not s.search("Velmora ferry").abstain
+                s.write_fact(f"counter {k}", str(i), ts=f"2026-03-{1 + i // 2:02d}T09:{i:02d}")  # newer each time
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors, errors[0]
+    assert s.count() == 160
+    assert all(s.facts(f"counter {k}")[0].value == "39" for k in range(4))
+    s.close()

@@ -136,6 +136,31 @@ def test_cli_suite_and_eval(tmp_path):
     assert main(["memory", "eval", "--suite", d, "--out", out, "--reader", "psychic", *wd]) == 2
 
 
+def test_planner_backend_as_reader(suite):
+    """Any harness planner backend (respond(messages, tools) -> reply with .text) reads: a scripted one here."""
+    from mpa_jax.harness.memory.evaluate import PlannerReader
+
+    class Reply:
+        def __init__(self, text):
+            self.text = text
+
+    class EchoPlanner:  # answers with the memory block it was given, or "unknown" on NOTHING KNOWN
+        def __init__(self):
+            self.calls = []
+
+        def respond(self, messages, tools):
+            self.calls.append((messages, tools))
+            memory = messages[0]["content"].split("Memory:\n", 1)[1]
+            return Reply("unknown" if memory.startswith("NOTHING KNOWN") else memory)
+
+    planner = EchoPlanner()
+    rep = evaluate_suite(suite, budget_tokens=1024, reader=PlannerReader(planner))
+    assert len(planner.calls) == 2 * rep["questions"] and planner.calls[0][1] is None
+    acc = rep["answer_accuracy"]
+    assert acc["reader"] == "planner" and acc["memory"]["information_extraction"] == 1.0
+    assert acc["memory"]["abstention"] == 1.0 and acc["long_context"]["mean"] < acc["memory"]["mean"]
+
+
 def test_openai_reader_over_loopback_http(tmp_path):
     """The OpenAI-compatible reader path over real loopback HTTP. No trained model is served on this machine,
     so a stand-in endpoint answers: 'unknown' when memory says NOTHING KNOWN, else it echoes the memory block."""

@@ -144,6 +144,27 @@ class ScriptedReader:
         return "unknown"
 
 
+class PlannerReader:
+    """Any harness planner backend as the reader: an object with `respond(messages, tools)` returning a reply
+    with `.text` (branch i14's ScriptedPlanner, EnginePlanner on the embedded JAX engine, OpenAIChatPlanner)."""
+
+    name = "planner"
+
+    def __init__(self, planner: Any) -> None:
+        self.planner = planner
+
+    def answer(self, q: dict[str, Any], context: str) -> str:
+        reply = self.planner.respond([{"role": "system", "content": _READER_PROMPT + context},
+                                      {"role": "user", "content": q["question"]}], None)
+        return str(getattr(reply, "text", "") or "")
+
+
+_READER_PROMPT = ("You are a phone assistant answering from your memory of past conversations, shown below. "
+                  "Answer briefly with the exact value. If memory says NOTHING KNOWN or does not contain the "
+                  "answer, reply 'unknown'. If the memory holds statements that contradict each other, reply "
+                  "'conflicting'. Follow any standing instruction or preference the memory shows.\n\nMemory:\n")
+
+
 class OpenAIReader:
     """Any OpenAI-compatible chat endpoint (`mpa serve`, SGLang, vLLM, a hosted API) as the reader."""
 
@@ -157,19 +178,11 @@ class OpenAIReader:
         self.client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key or 'none'}"})
 
     def answer(self, q: dict[str, Any], context: str) -> str:
-        system = ("You are a phone assistant answering from your memory of past conversations, shown below. "
-                  "Answer briefly with the exact value. If memory says NOTHING KNOWN or does not contain the "
-                  "answer, reply 'unknown'. If the memory holds statements that contradict each other, reply "
-                  "'conflicting'. Follow any standing instruction or preference the memory shows.\n\nMemory:\n" + context)
         body = {"model": self.model, "temperature": 0.0, "max_tokens": 128,
-                "messages": [{"role": "system", "content": system}, {"role": "user", "content": q["question"]}]}
+                "messages": [{"role": "system", "content": _READER_PROMPT + context}, {"role": "user", "content": q["question"]}]}
         r = self.client.post(self.url, json=body)
         r.raise_for_status()
         return str(r.json()["choices"][0]["message"]["content"] or "")
-
-
-def _norm(s: Any) -> str:
-    return re.sub(r"[^a-z0-9 ]+", " ", str(s).lower()).split().__str__()
 
 
 def _words(s: Any) -> str:

@@ -19,7 +19,8 @@ import math
 import os
 import re
 import sqlite3
-from typing import Any, Iterable, Iterator
+import threading
+from typing import Any, Callable, Iterable, TypeVar
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS turns (
@@ -166,14 +167,31 @@ class SearchResult:
     reason: str = ""
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(fn: F) -> F:
+    """Serialise a public method on the store's lock: one connection, shared by threads (harness episodes)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(self: "MemoryStore", *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return fn(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 class MemoryStore:
-    """A persistent store at `path` (":memory:" for a throwaway one). Not thread-safe; one writer."""
+    """A persistent store at `path` (":memory:" for a throwaway one). Thread-safe: public methods take the
+    store's lock. Several processes may read; one writes at a time (SQLite's WAL rules)."""
 
     def __init__(self, path: str, *, recency_weight: float = 0.3, entity_weight: float = 1.0,
                  candidates: int = 64, min_coverage: float = 0.5, rank_limit: int = 500) -> None:
         if path != ":memory:" and os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
         self.path = path
+        self._lock = threading.RLock()
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -184,6 +202,7 @@ class MemoryStore:
         self.min_coverage = min_coverage
         self.rank_limit = rank_limit  # above this many matching turns, candidates are the newest, not bm25's best
 
+    @_locked
     def close(self) -> None:
         self.conn.close()
 
@@ -199,6 +218,7 @@ class MemoryStore:
         """Store one conversation turn (and the facts a user turn states); returns the turn id."""
         return self.ingest_many([(session, ts, role, content)], extract=extract)[0]
 
+    @_locked
     def ingest_many(self, turns: Iterable[tuple[str, str, str, str]], *, extract: bool = True,
                     ids: Iterable[int] | None = None) -> list[int]:
         """Store many (session, ts, role, content) turns in one transaction; returns their ids."""
@@ -235,6 +255,7 @@ class MemoryStore:
             raise
         return out
 
+    @_locked
     def write_fact(self, attribute: str, value: str, *, subject: str = "user", kind: str = "fact",
                    ts: str | None = None, session: str = "", turn_id: int | None = None) -> int:
         """Record a fact; an older fact of the same (subject, attribute) is superseded and kept as history."""
@@ -269,13 +290,16 @@ class MemoryStore:
 
     # ------------------------------------------------------------------------------------ reads
 
+    @_locked
     def count(self) -> int:
         return int(self.conn.execute("SELECT count(*) FROM turns").fetchone()[0])
 
+    @_locked
     def turn(self, turn_id: int) -> Hit | None:
         r = self.conn.execute("SELECT id, session, ts, role, content FROM turns WHERE id = ?", (turn_id,)).fetchone()
         return Hit(*r, score=0.0, coverage=0.0) if r else None
 
+    @_locked
     def recent(self, budget_tokens: int) -> list[Hit]:
         """The most recent turns whose rendered lines fit `budget_tokens`, oldest first (the long-context view)."""
         out: list[Hit] = []
@@ -289,6 +313,7 @@ class MemoryStore:
             out.append(h)
         return out[::-1]
 
+    @_locked
     def between(self, start: str, end: str, query: str = "", limit: int = 50) -> list[Hit]:
         """Turns with start <= ts < end, oldest first; with a query, only turns matching its content words."""
         start, end = _check_ts(start), _check_ts(end)
@@ -299,6 +324,7 @@ class MemoryStore:
         hits = self.search(query, limit=limit, since=start, until=end).hits
         return sorted(hits, key=lambda h: (h.ts, h.turn_id))
 
+    @_locked
     def facts(self, attribute: str | None = None, *, subject: str | None = None, kind: str | None = None,
               query: str = "", limit: int = 20) -> list[Fact]:
         """Current facts (each with its history), filtered by attribute / subject / kind / a lexical query."""
@@ -338,6 +364,7 @@ class MemoryStore:
             out.append(f)
         return out
 
+    @_locked
     def known_term(self, term: str) -> bool:
         """Whether any turn contains every word of `term` as a phrase."""
         if not _WORD.findall(term):
@@ -345,6 +372,7 @@ class MemoryStore:
         phrase = _phrase(term)
         return self.conn.execute("SELECT 1 FROM turns_fts WHERE turns_fts MATCH ? LIMIT 1", (phrase,)).fetchone() is not None
 
+    @_locked
     def search(self, query: str, *, limit: int = 10, since: str | None = None, until: str | None = None) -> SearchResult:
         """Best turns for `query`: bm25 candidates (all content words, else any), re-ranked by
         bm25 + recency + entity match; plus matching current facts. Abstains with a reason when the query
@@ -470,8 +498,3 @@ def _check_ts(ts: Any) -> str:
 
 def _days(a: str, b: str) -> float:
     return (dt.datetime.fromisoformat(b) - dt.datetime.fromisoformat(a)).total_seconds() / 86400.0
-
-
-def iter_rows(store: MemoryStore, sql: str, args: tuple = ()) -> Iterator[tuple]:
-    """Read-only helper for benches: rows of an arbitrary SELECT."""
-    yield from store.conn.execute(sql, args)

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
         reader = None
     else:
         raise UserError(f"--reader must be scripted, openai or none, got {kind!r}")
-    store_kwargs = {k: mem.store[k] for k in ("recency_weight", "entity_weight", "candidates", "min_coverage")
+    store_kwargs = {k: mem.store[k] for k in ("recency_weight", "entity_weight", "candidates", "min_coverage", "rank_limit")
                     if "store" in mem and k in mem.store}
     t0 = time.perf_counter()
     report = evaluate_suite(args.suite, budget_tokens=budget, store_path=args.store, reader=reader, store_kwargs=store_kwargs)
