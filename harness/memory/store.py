@@ -223,12 +223,14 @@ class MemoryStore:
                     ids: Iterable[int] | None = None) -> list[int]:
         """Store many (session, ts, role, content) turns in one transaction; returns their ids."""
         rows = [(str(s), _check_ts(ts), str(r), str(c)) for s, ts, r, c in turns]
+        idl = list(ids) if ids is not None else None
+        if idl is not None and len(idl) != len(rows):
+            raise ValueError(f"ingest_many: {len(idl)} ids for {len(rows)} turns")
         out: list[int] = []
         cur = self.conn.cursor()
         cur.execute("BEGIN IMMEDIATE")
         try:
-            if ids is not None:
-                idl = list(ids)
+            if idl is not None:
                 cur.executemany("INSERT INTO turns (id, session, ts, role, content) VALUES (?, ?, ?, ?, ?)",
                                 [(i, *r) for i, r in zip(idl, rows)])
                 out = idl
