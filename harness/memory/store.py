@@ -67,6 +67,12 @@ def content_words(text: str) -> list[str]:
     return out
 
 
+def word_set(text: str) -> set[str]:
+    """The set of `content_words(text)`, faster (ingest counts document frequencies over every turn)."""
+    words = {w.strip("'-") for w in _WORD.findall(text.lower())}
+    return {w for w in words - STOPWORDS if len(w) > 1}
+
+
 def query_entities(text: str) -> list[str]:
     """Capitalised names in a query that do not start a sentence ("Who is Dana Kim?" -> ["Dana Kim"])."""
     ents: list[str] = []
@@ -101,6 +107,9 @@ _FACT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+# Substrings one of the patterns needs: most turns have none and skip the regexes (plain `in` is cheap).
+_FACT_TRIGGERS = ("my ", "prefer", "like", "love", "stand", "hate", "avoid", "allergic", "vegetarian", "vegan",
+                  "from now on", "going forward", "always", "never")
 _GENERIC = frozenset(("whenever", "ask", "asking", "talk", "comes", "really", "prefer", "like"))
 
 
@@ -108,6 +117,9 @@ def extract_facts(text: str) -> list[tuple[str, str, str]]:
     """(attribute, value, kind) triples a user turn states about the user; instructions and preferences are
     keyed by their first content words, so a newer instruction on the same topic supersedes the older."""
     out: list[tuple[str, str, str]] = []
+    low = text.lower()
+    if not any(t in low for t in _FACT_TRIGGERS):
+        return out
     for pat, kind in _FACT_PATTERNS:
         for m in pat.finditer(text):
             value = m.group("value").strip()
@@ -243,7 +255,7 @@ class MemoryStore:
             # by walking whole doclists (about 10 ms a query at 10M tokens).
             df: collections.Counter[str] = collections.Counter()
             for r in rows:
-                df.update(content_words(r[3]))
+                df.update(word_set(r[3]))
             cur.executemany("INSERT INTO vocab (term, df) VALUES (?, ?) ON CONFLICT(term) DO UPDATE SET df = df + excluded.df",
                             df.items())
             if extract:
