@@ -130,6 +130,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
+
     # Harness (DESIGN §5): the runtime between planner and env. enabled=False: raw planner + env (ablations).
     c.harness = ml_collections.ConfigDict()
     c.harness.enabled = False
@@ -150,4 +151,19 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness.mcp_timeout_s = 20.0
     c.harness.review = ml_collections.ConfigDict()
     c.harness.review.policy = "manual"  # manual | auto (experiments only: the version manifest says so)
+
+    # Long-history memory (harness/memory; `mpa memory suite|eval`).
+    c.memory = ml_collections.ConfigDict()
+    c.memory.seed = 0  # suite generator seed
+    c.memory.persona_seed = 0  # the sandbox persona whose world the histories talk about
+    c.memory.per_ability = 10  # questions per BEAM ability in a suite
+    c.memory.paraphrase = 0.3  # share of update/instruction/preference questions worded unlike the history
+    c.memory.budget_tokens = 2048  # context budget of memory and of the long-context baseline (ceil(chars/4))
+    c.memory.reader = "scripted"  # scripted | openai | none (answer accuracy in `mpa memory eval`)
+    c.memory.store = ml_collections.ConfigDict()
+    c.memory.store.recency_weight = 0.3
+    c.memory.store.entity_weight = 1.0
+    c.memory.store.candidates = 64  # bm25 candidates re-ranked per query
+    c.memory.store.min_coverage = 0.5  # abstain below this idf-weighted coverage (queries without known entities)
+    c.memory.store.rank_limit = 500  # bm25-rank candidates up to this many matches; past it, the newest
     return c
