@@ -149,6 +149,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness.mcp = ""  # MCP servers to start over stdio, ";"-separated commands ("python srv.py; node x.js")
     c.harness.mcp_allow = "*"  # comma-separated MCP tool names the planner may call ("*" = all)
     c.harness.mcp_timeout_s = 20.0
+    c.harness.memory = False  # memory tools + memory context (harness/memory, issue 15) as a tool provider
+    c.harness.memory_store = ""  # one persistent memory store for all episodes; empty = per-episode, from the task's history
+    c.harness.memory_tokens = 512  # budget of the memory block in the system prompt
     c.harness.review = ml_collections.ConfigDict()
     c.harness.review.policy = "manual"  # manual | auto (experiments only: the version manifest says so)
 

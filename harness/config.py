@@ -30,12 +30,15 @@ class HarnessConfig:
     mcp: str = ""
     mcp_allow: str = "*"
     mcp_timeout_s: float = 20.0
+    memory: bool = False
+    memory_store: str = ""
+    memory_tokens: int = 512
     review_policy: str = "manual"
 
     def __post_init__(self) -> None:
         if self.tools not in ("task", "catalog"):
             raise HarnessConfigError(f"config.harness.tools must be 'task' or 'catalog', got {self.tools!r}")
-        for key in ("top_k", "max_skills", "context_tokens", "subagent_turns"):
+        for key in ("top_k", "max_skills", "context_tokens", "subagent_turns", "memory_tokens"):
             if int(getattr(self, key)) < (0 if key == "max_skills" else 1):
                 raise HarnessConfigError(f"config.harness.{key} must be positive, got {getattr(self, key)!r}")
         if self.review_policy not in ("manual", "auto"):

@@ -106,6 +106,10 @@ class HarnessSession:
 
             for p in start_servers(self.cfg.mcp_commands, self.cfg.mcp_allowed, self.cfg.mcp_timeout_s):
                 self.add_provider(p)
+        if self.cfg.memory:
+            from mpa_jax.harness.memory import MemoryProvider
+
+            self.add_provider(MemoryProvider(self.cfg.memory_store or None, budget_tokens=self.cfg.memory_tokens))
         for p in providers:
             self.add_provider(p)
         dirs = [SHIPPED_DIR, self.cfg.skills_dir, self.version.skills_dir]

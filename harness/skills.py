@@ -123,7 +123,8 @@ def skills_prompt(skills: list[Skill]) -> str:
     for s in skills:
         lines.append(f"- {s.name} (v{s.version}): {s.text}")
         if s.macro:
-            lines.append(f"  (run it with run_skill: {{\"skill\": \"{s.name}\", \"params\": {{{', '.join(repr(p) for p in s.params)}}}}})")
+            example = json.dumps({"skill": s.name, "params": {p: "..." for p in s.params}})
+            lines.append(f"  (run it with run_skill: {example})")
     return "\n".join(lines)
 
 

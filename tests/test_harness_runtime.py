@@ -252,3 +252,19 @@ def test_sub_agents_in_the_token_loop_through_run_rollouts(tok, dev, tmp_path):
                    for s in t["provenance"]["subagent_episodes"] for turn in s["turns"])
         # The planner itself made no tool calls but the two delegations and the final answer.
         assert [s["action"]["kind"] for s in t["steps"]] == ["delegate", "delegate", "message"]
+
+
+def test_memory_provider_is_wired_by_config(dev):
+    """`harness.memory`: issue 15's MemoryProvider offers memory tools and a memory block in the prompt."""
+    mem = next(t for t in dev if t.category == "memory" and t.history)
+    session = HarnessSession(HarnessConfig(enabled=True, memory=True))
+    env = session.env_factory()
+    obs = env.reset(mem)
+    names = [t["function"]["name"] for t in obs["tools"]]
+    assert {"memory_search", "memory_write"} <= set(names)
+    assert "Memory (from earlier conversations" in obs["messages"][0]["content"]
+    fb = env.step(Action.tool_call("memory_search", {"query": mem.instruction}, "m1"))
+    assert fb.ok and fb.result["turns"]
+    env.close()
+    assert oracle_trajectory(session.env_factory(), mem).verification.success
+    session.close()

@@ -222,6 +222,7 @@ def _eval(args: argparse.Namespace, cfg: Any, root: str) -> int:
         "off": None,
         "on (task tools)": dataclasses.replace(cfg, enabled=True, tools="task"),
         "on (catalog)": dataclasses.replace(cfg, enabled=True, tools="catalog"),
+        "on (catalog+memory)": dataclasses.replace(cfg, enabled=True, tools="catalog", memory=True),
     }
     results = {}
     for label, hcfg in settings.items():
