@@ -268,3 +268,19 @@ def test_memory_provider_is_wired_by_config(dev):
     env.close()
     assert oracle_trajectory(session.env_factory(), mem).verification.success
     session.close()
+
+
+def test_cli_eval_and_retrieval_preview(tmp_path):
+    import os
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", "mpa_jax.cli", "harness", "eval", "--max-tasks", "20", "--json",
+                          "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=repo)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)["results"]
+    assert set(res) == {"off", "on (task tools)", "on (catalog)", "on (catalog+memory)"}
+    assert all(r["success"] == r["n"] == 20 for r in res.values())
+    out = subprocess.run([sys.executable, "-m", "mpa_jax.cli", "harness", "tools", "--query", "convert 70 kg to pounds",
+                          "--k", "4", "--json", "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=repo)
+    names = json.loads(out.stdout)
+    assert len(names) == 4 and "convert_units" in names
