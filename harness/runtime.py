@@ -180,7 +180,8 @@ class HarnessEnv:
 
     def __init__(self, env: Any, session: HarnessSession) -> None:
         self.env, self.session, self.cfg = env, session, session.cfg
-        self.kind = f"harness+{getattr(env, 'kind', 'env')}"
+        # The wrapped env's kind: env pools apply that kind's limits (the sandbox stays inline).
+        self.kind = getattr(env, "kind", "sandbox")
         self.task: Task | None = None
         self.episode = ""
         self.offered: list[str] = []
