@@ -81,7 +81,7 @@ class DeviceShell:
         self.intents: list[list[str]] = []
         self.inputs: list[list[str]] = []
         self.delay_s = 0.0  # fault hook: every command sleeps this long first (command timeouts)
-        self.corrupt_output = False  # fault hook: answer garbage (unexpected output)
+        self.corrupt_output = False  # fault hook: `content` answers garbage (unexpected output)
         self._started = False
 
     # ------------------------------------------------------------------ entry
@@ -94,13 +94,13 @@ class DeviceShell:
                 out, status = run_line(line, self._exec)
             except ShellSyntaxError as e:
                 return f"/system/bin/sh: syntax error: {e}\n", 2
-        if self.corrupt_output:
-            return "\x00\x07 segfault?? <html>", 0
         return out, status
 
     def _exec(self, argv: list[str]) -> tuple[str, int]:
         self.executed.append(list(argv))
         cmd, args = argv[0], argv[1:]
+        if self.corrupt_output and cmd == "content":
+            return "\x00\x07 segfault?? <html>\n", 0
         handler = getattr(self, f"_cmd_{cmd.replace('-', '_')}", None) if cmd.isidentifier() or cmd == "true" else None
         if handler is None:
             return f"/system/bin/sh: {cmd}: inaccessible or not found\n", 127

@@ -79,7 +79,7 @@ def adb_client(port: int | None = None, host: str = "127.0.0.1") -> Any:
     return adbutils.AdbClient(host=host, port=port)
 
 
-def start_adb_server(port: int, adb: str = "adb") -> None:
+def start_adb_server(port: int, adb: str = "adb") -> None:  # noqa: D103
     """Start (or find running) the real adb server on `port`."""
     subprocess.run([adb, "-P", str(port), "start-server"], check=True, capture_output=True, timeout=30)
 
