@@ -130,4 +130,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
+
+    # Environments (issue 16): kwargs per env kind reach make_env(kind, config=c); `concurrency` and
+    # `timeout_s` are the worker pool's per-kind limits; `mixture` weights the kinds' episodes.
+    c.envs = ml_collections.ConfigDict()
+    c.envs.mixture = ml_collections.ConfigDict({"sandbox": 1.0, "simulated": 0.0, "adb": 0.0})
+    c.envs.sandbox = ml_collections.ConfigDict({"fault_injection": True, "concurrency": 64, "timeout_s": 30.0})
+    c.envs.simulated = ml_collections.ConfigDict({"backend": "deterministic", "max_retries": 2, "concurrency": 16,
+                                                  "timeout_s": 120.0})
+    c.envs.adb = ml_collections.ConfigDict({"device": "", "adb_port": 5037, "command_timeout_s": 10.0,
+                                            "reconnect_attempts": 5, "concurrency": 1, "timeout_s": 60.0})
     return c
