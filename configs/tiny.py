@@ -134,6 +134,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Environments (issue 16): kwargs per env kind reach make_env(kind, config=c); `concurrency` and
     # `timeout_s` are the worker pool's per-kind limits; `mixture` weights the kinds' episodes.
     c.envs = ml_collections.ConfigDict()
+    c.envs.kind = "sandbox"  # what `mpa oracle` / `mpa rollout` run on (--env)
     c.envs.mixture = ml_collections.ConfigDict({"sandbox": 1.0, "simulated": 0.0, "adb": 0.0})
     c.envs.sandbox = ml_collections.ConfigDict({"fault_injection": True, "concurrency": 64, "timeout_s": 30.0})
     c.envs.simulated = ml_collections.ConfigDict({"backend": "deterministic", "max_retries": 2, "concurrency": 16,

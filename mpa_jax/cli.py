@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("mpa_jax.commands.rollout", "run the agent loop over a task split and write trajectories"),
     "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat)"),
     "demo": ("mpa_jax.commands.demo", "the end-to-end path on the embedded default"),
+    "device": ("mpa_jax.commands.device", "emulate an Android device over adb, or run one tool on a device"),
 }
 
 

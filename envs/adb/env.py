@@ -107,6 +107,7 @@ class AdbEnv:
         self.commands = 0
         self.command_s = 0.0
         self.reconnects = 0
+        self._attached = False
 
     # ------------------------------------------------------------------ transport
     def shell(self, argv: Sequence[str], timeout: float | None = None) -> str:
@@ -182,10 +183,15 @@ class AdbEnv:
             raise DeviceFault(ErrorCode.INFRA, "the companion answered reset without an observation")
         return res["observation"]
 
+    def attach(self) -> None:
+        """Continue the episode already running on the device (no reset; `verify` is unavailable)."""
+        self.ensure_connected()
+        self._attached = True
+
     def step(self, action: Any) -> Feedback:
         """Run one action on the device; never raises."""
         call_id = getattr(action, "call_id", "") or f"call_{len(self.ledger)}"
-        if self.task is None:
+        if self.task is None and not self._attached:
             return Feedback.error(ErrorCode.INFRA, "reset(task) must be called before step()", call_id)
         if self.infra:
             return Feedback.error(ErrorCode.INFRA, f"episode abandoned after a device fault: {self.infra}", call_id)
