@@ -52,6 +52,7 @@ setup(
             "hypothesis>=6.100",
             "transformers==5.24.0",
             "torch==2.13.0",
+            "adbutils>=2.8",  # tests/test_adb*.py drive the real adb server through it
         ],
         "serve": ["fastapi>=0.115", "uvicorn>=0.30"],
         "cuda": ["jax[cuda12]==0.10.2"],
