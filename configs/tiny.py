@@ -136,7 +136,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.envs = ml_collections.ConfigDict()
     c.envs.kind = "sandbox"  # what `mpa oracle` / `mpa rollout` run on (--env)
     c.envs.mixture = ml_collections.ConfigDict({"sandbox": 1.0, "simulated": 0.0, "adb": 0.0})
-    c.envs.sandbox = ml_collections.ConfigDict({"fault_injection": True, "concurrency": 64, "timeout_s": 30.0})
+    # sandbox calls are sub-ms CPU work: inline (concurrency 0) beats threads (bench/sandbox.py)
+    c.envs.sandbox = ml_collections.ConfigDict({"fault_injection": True, "concurrency": 0, "timeout_s": 30.0})
     c.envs.simulated = ml_collections.ConfigDict({"backend": "deterministic", "max_retries": 2, "concurrency": 16,
                                                   "timeout_s": 120.0})
     c.envs.adb = ml_collections.ConfigDict({"device": "", "adb_port": 5037, "command_timeout_s": 10.0,

@@ -21,14 +21,18 @@ from mpa_jax.envs.contract import ErrorCode, Feedback
 
 @dataclasses.dataclass(frozen=True)
 class KindLimits:
-    """Per-kind limits: calls in flight at once, seconds one call may take."""
+    """Per-kind limits: calls in flight at once, seconds one call may take.
+
+    `concurrency=0` runs the kind inline in the caller's thread (no timeout): for the sandbox, whose calls
+    are sub-millisecond CPU work that threads only slow down (bench/sandbox.py measures both).
+    """
 
     concurrency: int = 8
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.concurrency < 0:
+            raise ValueError(f"concurrency must be >= 0 (0 = inline), got {self.concurrency}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
@@ -127,13 +131,29 @@ class EnvPool:
         """
         out: list[Any] = [None] * len(calls)
         futures: list[tuple[int, Any, str, cf.Future]] = []
+        inline: list[tuple[int, Any, Callable[[], Any], str]] = []
         for i, (env, fn, call_id) in enumerate(calls):
             kind = self.kind_of(env)
             if self.quarantined(env):
                 self.metrics[kind]["infra"] += 1
                 out[i] = Feedback.error(ErrorCode.INFRA, "env quarantined after an earlier timeout", call_id)
-                continue
-            futures.append((i, env, call_id, self.submit(env, fn)))
+            elif self.limit(kind).concurrency == 0:
+                inline.append((i, env, fn, call_id))
+            else:
+                futures.append((i, env, call_id, self.submit(env, fn)))
+        for i, env, fn, call_id in inline:  # while the pooled calls run
+            m = self.metrics[self.kind_of(env)]
+            t0 = time.perf_counter()
+            try:
+                out[i] = fn()
+            except Exception as e:  # noqa: BLE001 - an env crash is the world's fault
+                m["infra"] += 1
+                out[i] = Feedback.error(ErrorCode.INFRA, f"env raised {type(e).__name__}: {e}", call_id)
+            else:
+                if isinstance(out[i], Feedback) and out[i].is_infra:
+                    m["infra"] += 1
+            m["calls"] += 1
+            m["busy_ms"] += int((time.perf_counter() - t0) * 1000)
         for i, env, call_id, fut in futures:
             kind = self.kind_of(env)
             try:

@@ -79,6 +79,17 @@ def test_a_slow_kind_does_not_hold_up_another():
         slow.result()
 
 
+def test_inline_kind_runs_in_the_caller_while_pooled_kinds_run():
+    g = _gauge()
+    with EnvPool({"slow": KindLimits(4, 5.0), "sandbox": KindLimits(0, 5.0)}) as pool:
+        env = SandboxEnv()
+        env.reset(load_tasks("dev")[0])
+        t0 = time.perf_counter()
+        fbs = pool.step_all([(_SlowEnv(0.3, g), Action.finish()), (env, Action.finish())])
+        assert all(fb.ok for fb in fbs) and time.perf_counter() - t0 < 0.55
+        assert pool.summary()["sandbox"]["calls"] == 1
+
+
 def test_env_exceptions_become_infra():
     class Broken:
         kind = "sandbox"
@@ -94,7 +105,7 @@ def test_env_exceptions_become_infra():
 def test_config_envs_section_reaches_make_env_and_the_pool():
     c = load_config_file("configs/tiny.py")
     lim = limits_from_config(c)
-    assert lim["adb"] == KindLimits(1, 60.0) and lim["sandbox"].concurrency == 64 and "mixture" not in lim
+    assert lim["adb"] == KindLimits(1, 60.0) and lim["sandbox"].concurrency == 0 and "mixture" not in lim
     assert isinstance(make_env("sandbox", config=c), SandboxEnv)
     with pytest.raises(ValueError, match="config.envs.adb"):
         make_env("adb", config=c)  # no device serial configured
