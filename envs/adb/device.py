@@ -83,6 +83,7 @@ class DeviceShell:
         self.delay_s = 0.0  # fault hook: every command sleeps this long first (command timeouts)
         self.corrupt_output = False  # fault hook: `content` answers garbage (unexpected output)
         self._started = False
+        self.closed = False
 
     # ------------------------------------------------------------------ entry
     def run(self, line: str) -> tuple[str, int]:
@@ -90,6 +91,8 @@ class DeviceShell:
         if self.delay_s:
             time.sleep(self.delay_s)
         with self.lock:
+            if self.closed:
+                return "error: device offline\n", 1
             try:
                 out, status = run_line(line, self._exec)
             except ShellSyntaxError as e:
@@ -260,4 +263,6 @@ class DeviceShell:
         return "", 0
 
     def close(self) -> None:
-        self.env.close()
+        with self.lock:  # a command still running (a timed-out one) finishes first
+            self.closed = True
+            self.env.close()
