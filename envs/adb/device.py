@@ -22,7 +22,7 @@ from typing import Any
 
 from mpa_jax.envs.adb.shell import ShellSyntaxError, run_line
 from mpa_jax.envs.world import ENTITY_BY_TABLE
-from mpa_jax.envs.contract import Action, Task, canonical_json
+from mpa_jax.envs.contract import Action, Task
 from mpa_jax.envs.sandbox import SandboxEnv
 from mpa_jax.envs.world import parse_id
 
@@ -197,7 +197,9 @@ class DeviceShell:
         try:
             if sub == "call" and uri == EPISODE_URI:
                 result = self._call(o.get("method", ""), o.get("arg", ""))
-                return f"Result: Bundle[{{result={canonical_json(result)}}}]\n", 0
+                # key order kept (not canonical): the planner must see the same JSON the sandbox renders
+                body = json.dumps(result, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+                return f"Result: Bundle[{{result={body}}}]\n", 0
             if uri.startswith(STATE_URI):
                 return self._table_op(sub, uri[len(STATE_URI):], o)
         except (ValueError, KeyError, TypeError) as e:
