@@ -208,11 +208,16 @@ def run_rollouts(
     loop_cfg = AgentLoopConfig.from_config(
         config.rollout, seed=int(config.seed if seed is None else seed), greedy=greedy,
         planner=label or (os.path.basename(os.path.normpath(checkpoint)) if checkpoint else "policy"),
+        env_kind=str(config.get("envs", {}).get("kind", "sandbox")),
     )
     from mpa_jax.envs import make_env
+    from mpa_jax.envs.pool import EnvPool, limits_from_config
 
     t0 = time.perf_counter()
-    trajectories = _run_with_progress(engine, tokenizer, task_list, make_env, loop_cfg, progress, label)
+    # env kwargs (a device serial, a simulator backend) and the per-kind pool limits come from config.envs
+    with EnvPool(limits_from_config(config) if "envs" in config else {}) as pool:
+        trajectories = _run_with_progress(engine, tokenizer, task_list, lambda kind: make_env(kind, config=config),
+                                          loop_cfg, progress, label, pool)
     wall = time.perf_counter() - t0
     summary = summarize(trajectories)
     summary.update(label=label, weight_version=str(engine.weight_version), wall_s=wall, greedy=greedy)
@@ -227,10 +232,11 @@ def run_rollouts(
     return summary
 
 
-def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env: Any, cfg: AgentLoopConfig, progress: bool, label: str) -> list:
+def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env: Any, cfg: AgentLoopConfig, progress: bool, label: str,
+                       env_pool: Any = None) -> list:
     factory = lambda: make_env(cfg.env_kind)  # noqa: E731
     if not progress:
-        return run_episodes(engine, tokenizer, tasks, factory, cfg)
+        return run_episodes(engine, tokenizer, tasks, factory, cfg, env_pool=env_pool)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]rollout[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -243,7 +249,7 @@ def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env:
                 done["succ"] += 1
             bar.update(job, advance=1, succ=done["succ"])
 
-        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=on_done)
+        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=on_done, env_pool=env_pool)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
