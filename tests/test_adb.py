@@ -136,6 +136,8 @@ def test_content_settings_am_input_dumpsys_formats(adb, env):
     assert env.shell(["settings", "get", "global", "wifi"]).strip() == "false"
     assert env.shell(["settings", "get", "global", "no_such_key"]).strip() == "null"
     assert "level: " in env.shell(["dumpsys", "battery"])
+    assert env.battery_level() == dev.shell.env.world.device["battery"]
+    assert env.read_state({"device"})["device"]["battery"] == {"value": dev.shell.env.world.device["battery"]}
     assert env.shell(["am", "start", "-a", "android.intent.action.VIEW", "-d", "https://x.y"]).startswith(
         "Starting: Intent { act=android.intent.action.VIEW dat=https://x.y }")
     env.shell(["input", "text", "hello world"])

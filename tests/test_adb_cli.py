@@ -54,6 +54,8 @@ def test_device_call_user_errors(adb, tmp_path, capsys):
     assert "no test task allows tool 'no_such_tool'" in capsys.readouterr().err
     assert _mpa("oracle", "--env", "adb", workdir=tmp_path) == 2
     assert "--env adb needs --device" in capsys.readouterr().err
+    assert _mpa("rollout", "--config.envs.kind=simulated", workdir=tmp_path) == 2
+    assert "refuses simulated episodes" in capsys.readouterr().err
 
 
 def test_oracle_on_the_device(adb, tmp_path):

@@ -3,7 +3,8 @@
 Per episode: reset the device (`input keyevent KEYCODE_HOME`, `am force-stop` the companion app, `content
 call ... --method reset --arg TASK`), then one `content call ... --method step --arg ACTION` per action;
 the companion answers the Feedback and its ledger entry. `verify()` reads the state back from the device
-(`content query` per table, `settings list global` for the device table) and scores it with the same
+(`content query` per table, `settings list global` for the device table, `dumpsys battery` for its
+battery level) and scores it with the same
 `verify_episode` the sandbox uses, against the start state rebuilt on the host.
 
 Every command is an argv joined with `shlex.quote`, so no argument is ever interpreted by the device
@@ -268,6 +269,8 @@ class AdbEnv:
                         dev[key] = {"value": json.loads(value)}
                     except json.JSONDecodeError:
                         raise DeviceFault(ErrorCode.INFRA, f"unexpected settings value: {line[:80]!r}") from None
+                if "battery" in dev:  # the battery level is Android's own: read it where Android reports it
+                    dev["battery"] = {"value": self.battery_level()}
                 out["device"] = dev
                 continue
             try:
@@ -276,6 +279,13 @@ class AdbEnv:
                 raise DeviceFault(ErrorCode.INFRA, str(e)) from None
             out[table] = {r["id"]: r for r in rows}
         return out
+
+    def battery_level(self) -> int:
+        """`dumpsys battery`'s `level:` line; DeviceFault on any other output."""
+        m = re.search(r"^\s*level: (\d+)\s*$", self.shell(["dumpsys", "battery"]), re.M)
+        if m is None:
+            raise DeviceFault(ErrorCode.INFRA, "unexpected dumpsys battery output (no level line)")
+        return int(m.group(1))
 
     def start_state(self, tables: set[str]) -> dict[str, Any]:
         """The task's start state rebuilt on the host (persona + patch), for the start/end comparison."""

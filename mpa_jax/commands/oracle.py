@@ -39,6 +39,9 @@ def apply_env_arguments(args: argparse.Namespace, config: Any) -> str:
             config.envs.kind = kind
         if args.device:
             config.envs.adb.device = args.device
+    if kind == "simulated":
+        raise UserError("simulated envs are for training only: the benchmark (oracle/rollout over task splits)"
+                        " refuses simulated episodes")
     if kind == "adb" and not (args.device or ("envs" in config and str(config.envs.adb.device))):
         raise UserError("--env adb needs --device SERIAL (or config.envs.adb.device)")
     return kind
