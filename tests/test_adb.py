@@ -6,6 +6,8 @@ import collections
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mpa_jax.envs import Action, ErrorCode, load_tasks, make_env, run_oracle_episode
 from mpa_jax.envs.adb.device import DeviceShell
@@ -101,6 +103,23 @@ def test_hostile_arguments_arrive_as_literal_data(adb, env, text):
     row = state[fb.result["id"]] if isinstance(fb.result, dict) and "id" in fb.result else None
     assert row is not None and row["title"] == text and row["body"] == text + "!"
     assert env.shell(["echo", text]) == text + "\n"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40),
+                min_size=1, max_size=4))
+def test_any_quoted_argv_arrives_verbatim(adb, env, words):
+    """Property: through the real adb server, the device runs exactly one command whose words are ours."""
+    _, dev = adb
+    before = len(dev.shell.executed)
+    env.shell(["echo", *words])
+    assert dev.shell.executed[before] == ["echo", *words]
+    assert [argv[0] for argv in dev.shell.executed[before:]] == ["echo", "echo"]  # ours + adbutils' exit status
+
+
+def test_nul_bytes_are_refused_before_the_device():
+    with pytest.raises(ValueError, match="NUL"):
+        quote_argv(["echo", "a\x00b"])
 
 
 def test_the_emulated_shell_would_run_unquoted_input():

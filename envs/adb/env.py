@@ -43,8 +43,15 @@ class DeviceFault(Exception):
 
 
 def quote_argv(argv: Sequence[str]) -> str:
-    """One shell command line whose words are exactly `argv` (POSIX single-quote quoting)."""
-    return " ".join(shlex.quote(str(a)) for a in argv)
+    """One shell command line whose words are exactly `argv` (POSIX single-quote quoting).
+
+    A NUL byte cannot be quoted (adb ends the service string at NUL): ValueError. Tool arguments never
+    contain one raw, since they travel as JSON (`\u0000`).
+    """
+    words = [str(a) for a in argv]
+    if any("\x00" in w for w in words):
+        raise ValueError("a NUL byte cannot be passed to a device shell")
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def parse_rows(text: str) -> list[dict[str, Any]]:
