@@ -89,3 +89,10 @@ def test_mpa_device_emulate_serves_the_real_adb_server(tmp_path):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_bench_adb_prints_its_figures():
+    out = subprocess.run([sys.executable, "bench/adb.py", "--episodes", "3", "--echoes", "5"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "episodes/s, success 3/3" in out.stdout and "mean command latency" in out.stdout
