@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from mpa_jax.harness.memory import MemoryContext, MemoryStore
+    from mpa_jax.harness.memory import MemoryContext
     from mpa_jax.harness.memory.evaluate import ingest_suite
     from mpa_jax.harness.memory.suite import parse_size, read_history, read_meta, read_questions, write_suite
 
