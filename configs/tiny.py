@@ -139,6 +139,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory.paraphrase = 0.3  # share of update/instruction/preference questions worded unlike the history
     c.memory.budget_tokens = 2048  # context budget of memory and of the long-context baseline (ceil(chars/4))
     c.memory.reader = "scripted"  # scripted | openai | none (answer accuracy in `mpa memory eval`)
+    c.memory.path = ""  # harness: "" = one in-memory store per episode (its Task's history); else a persistent store
+    c.memory.context_tokens = 512  # harness: memory block added to the planner's system prompt
     c.memory.store = ml_collections.ConfigDict()
     c.memory.store.recency_weight = 0.3
     c.memory.store.entity_weight = 1.0
