@@ -142,4 +142,20 @@ def get_config() -> ml_collections.ConfigDict:
                                                   "timeout_s": 120.0})
     c.envs.adb = ml_collections.ConfigDict({"device": "", "adb_port": 5037, "command_timeout_s": 10.0,
                                             "reconnect_attempts": 5, "concurrency": 1, "timeout_s": 60.0})
+    # Long-history memory (harness/memory; `mpa memory suite|eval`).
+    c.memory = ml_collections.ConfigDict()
+    c.memory.seed = 0  # suite generator seed
+    c.memory.persona_seed = 0  # the sandbox persona whose world the histories talk about
+    c.memory.per_ability = 10  # questions per BEAM ability in a suite
+    c.memory.paraphrase = 0.3  # share of update/instruction/preference questions worded unlike the history
+    c.memory.budget_tokens = 2048  # context budget of memory and of the long-context baseline (ceil(chars/4))
+    c.memory.reader = "scripted"  # scripted | openai | none (answer accuracy in `mpa memory eval`)
+    c.memory.path = ""  # harness: "" = one in-memory store per episode (its Task's history); else a persistent store
+    c.memory.context_tokens = 512  # harness: memory block added to the planner's system prompt
+    c.memory.store = ml_collections.ConfigDict()
+    c.memory.store.recency_weight = 0.3
+    c.memory.store.entity_weight = 1.0
+    c.memory.store.candidates = 64  # bm25 candidates re-ranked per query
+    c.memory.store.min_coverage = 0.5  # abstain below this idf-weighted coverage (queries without known entities)
+    c.memory.store.rank_limit = 500  # bm25-rank candidates up to this many matches; past it, the newest
     return c
