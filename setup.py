@@ -53,6 +53,7 @@ setup(
             "transformers==5.24.0",
             "torch==2.13.0",
             "mcp>=2.3,<3",
+            "adbutils>=2.8",  # tests/test_adb*.py drive the real adb server through it
         ],
         "harness": ["mcp>=2.3,<3"],
         "serve": ["fastapi>=0.115", "uvicorn>=0.30"],

@@ -155,6 +155,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness.review = ml_collections.ConfigDict()
     c.harness.review.policy = "manual"  # manual | auto (experiments only: the version manifest says so)
 
+    # Environments (issue 16): kwargs per env kind reach make_env(kind, config=c); `concurrency` and
+    # `timeout_s` are the worker pool's per-kind limits; `mixture` weights the kinds' episodes.
+    c.envs = ml_collections.ConfigDict()
+    c.envs.kind = "sandbox"  # what `mpa oracle` / `mpa rollout` run on (--env)
+    c.envs.mixture = ml_collections.ConfigDict({"sandbox": 1.0, "simulated": 0.0, "adb": 0.0})
+    # sandbox calls are sub-ms CPU work: inline (concurrency 0) beats threads (bench/sandbox.py)
+    c.envs.sandbox = ml_collections.ConfigDict({"fault_injection": True, "concurrency": 0, "timeout_s": 30.0})
+    c.envs.simulated = ml_collections.ConfigDict({"backend": "deterministic", "max_retries": 2, "concurrency": 16,
+                                                  "timeout_s": 120.0})
+    c.envs.adb = ml_collections.ConfigDict({"device": "", "adb_port": 5037, "command_timeout_s": 10.0,
+                                            "reconnect_attempts": 5, "concurrency": 1, "timeout_s": 60.0})
     # Long-history memory (harness/memory; `mpa memory suite|eval`).
     c.memory = ml_collections.ConfigDict()
     c.memory.seed = 0  # suite generator seed
@@ -163,6 +174,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory.paraphrase = 0.3  # share of update/instruction/preference questions worded unlike the history
     c.memory.budget_tokens = 2048  # context budget of memory and of the long-context baseline (ceil(chars/4))
     c.memory.reader = "scripted"  # scripted | openai | none (answer accuracy in `mpa memory eval`)
+    c.memory.path = ""  # harness: "" = one in-memory store per episode (its Task's history); else a persistent store
+    c.memory.context_tokens = 512  # harness: memory block added to the planner's system prompt
     c.memory.store = ml_collections.ConfigDict()
     c.memory.store.recency_weight = 0.3
     c.memory.store.entity_weight = 1.0

@@ -451,7 +451,7 @@ def session_for_run(config: Any, *, subplanner: Any = None, env_kind: str = "san
     """The session `mpa rollout` uses when `config.harness.enabled` (the env made by kind)."""
     from mpa_jax.envs import make_env
 
-    return HarnessSession.from_config(config, env_factory=lambda: make_env(env_kind), subplanner=subplanner)
+    return HarnessSession.from_config(config, env_factory=lambda: make_env(env_kind, config=config), subplanner=subplanner)
 
 
 def version_of(path: str) -> str:

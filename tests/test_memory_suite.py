@@ -203,3 +203,20 @@ def test_openai_reader_over_loopback_http(tmp_path):
     assert acc["reader"] == "openai"
     assert acc["memory"]["information_extraction"] == 1.0 and acc["memory"]["abstention"] == 1.0
     assert acc["long_context"]["mean"] < acc["memory"]["mean"]
+
+
+def test_bench_memory_dry_run(tmp_path, capsys):
+    """bench/memory.py end to end on a small suite (the 10M run lives in docs/memory.md)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "memory.py"
+    spec = importlib.util.spec_from_file_location("bench_memory", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--tokens", "20000", "--dir", str(tmp_path / "b"), "--queries", "30", "--json", str(tmp_path / "b.json")])
+    assert out["turns"] > 1000 and out["ingest_s"] >= 0 and out["store_mb"] > 0
+    for key in ("search_questions", "search_random_turns", "context_questions"):
+        assert 0 <= out[key]["p50_ms"] <= out[key]["p99_ms"] <= out[key]["max_ms"]
+    assert json.load(open(tmp_path / "b.json")) == out
+    assert '"ingest_s"' in capsys.readouterr().out

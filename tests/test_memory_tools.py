@@ -195,6 +195,21 @@ def test_provider_with_a_persistent_store(tmp_path):
         MemoryProvider(budget_tokens=4)
 
 
+def test_provider_from_the_tiny_config(tmp_path):
+    from mpa_jax.config import load_config_file
+    from mpa_jax.harness.memory import MemoryProvider
+
+    from pathlib import Path
+
+    cfg = load_config_file(str(Path(__file__).resolve().parents[1] / "configs" / "tiny.py"))
+    p = MemoryProvider.from_config(cfg.memory)
+    assert p.path is None and p.budget_tokens == cfg.memory.context_tokens
+    cfg.memory.path = str(tmp_path / "m.sqlite")
+    q = MemoryProvider.from_config(cfg.memory)
+    assert q.path == cfg.memory.path
+    q.close()
+
+
 def test_provider_on_the_benchmark_memory_tasks():
     """Every dev-split Memory task through the provider: the memory block holds the history's informative user
     turns (taskgen's key turns, not its chit-chat) for at least 90% of them (measured: 132 of 136)."""

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from mpa_jax.harness.memory.context import MemoryContext, long_context
-from mpa_jax.harness.memory.store import NOTHING_KNOWN, Hit, MemoryStore
+from mpa_jax.harness.memory.store import NOTHING_KNOWN, MemoryStore
 from mpa_jax.harness.memory.suite import ABILITIES, read_history, read_meta, read_questions
 
 

@@ -41,6 +41,12 @@ class MemoryProvider:
         self._episodes: collections.OrderedDict[str, MemoryTools] = collections.OrderedDict()
         self._shared: MemoryStore | None = MemoryStore(path) if path else None
 
+    @classmethod
+    def from_config(cls, memory_cfg: Any) -> "MemoryProvider":
+        """From the `config.memory` section: `path` ("" = one in-memory store per episode), `context_tokens`."""
+        path = str(memory_cfg.get("path", "") or "")
+        return cls(path or None, budget_tokens=int(memory_cfg.get("context_tokens", 512)))
+
     def specs(self) -> list[ToolSpec]:
         return list(SPECS)
 

@@ -382,7 +382,7 @@ def _filler(rng: random.Random, persona: Any, rows: dict[str, list[dict[str, Any
     if k == 17:
         return (f"Turn on {rng.choice(('do not disturb', 'dark mode', 'bluetooth', 'low power mode', 'wifi'))}.", "Done.")
     if k == 18:
-        return (f"Take a note: {rng.choice(P['note_text'])}", f"Saved the note.")
+        return (f"Take a note: {rng.choice(P['note_text'])}", "Saved the note.")
     if k == 19:
         return (f"Remind me what {first} does for work.", f"{first} works at {rng.choice(P['company'])}.")
     if k == 20:
