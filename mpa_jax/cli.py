@@ -27,6 +27,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("mpa_jax.commands.demo", "the end-to-end path on the embedded default"),
     "eval": ("mpa_jax.commands.eval", "evaluate a checkpoint on the held-out benchmark -> eval.json"),
     "loop": ("mpa_jax.commands.loop", "the closed loop: data, SFT, RL rounds, eval, harness -> summary.json, report.html"),
+    "harness": ("mpa_jax.commands.harness", "the harness: tools registry, tool calls, trace mining, review, eval"),
+    "device": ("mpa_jax.commands.device", "emulate an Android device over adb, or run one tool on a device"),
+    "memory": ("mpa_jax.commands.memory", "long-history memory: write BEAM-style suites, evaluate memory vs long context"),
 }
 
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from mpa_jax.envs.contract import Task, write_jsonl
 from mpa_jax.rollout.agent_loop import AgentLoopConfig, run_episodes, summarize
-from mpa_jax.rollout.types import RolloutEngine
+from mpa_jax.rollout.types import RolloutEngine, SamplingParams
 
 
 class RolloutSetupError(ValueError):
@@ -27,14 +27,30 @@ def _is_hf_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "config.json"))
 
 
-def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None) -> RolloutEngine:
+def make_engine(
+    config: Any,
+    checkpoint: str | None = None,
+    *,
+    mesh: Any = None,
+    tokenizer: Any = None,
+    vocab_limit: int | None = None,
+) -> RolloutEngine:
     """The engine `config.rollout.engine` names ("jax" or "sglang").
 
     jax: `checkpoint` is an exported HF directory, or None for the config's model with random weights
     (seed `config.seed`; the untrained baseline). With `config.rollout.sharded`, parameters are placed
     on the mesh of `config.mesh`. sglang: a client for `config.rollout.sglang_url`; a `checkpoint`
     is loaded on the server through `/update_weights_from_disk`.
+
+    The vocabulary rule: ids the tokenizer cannot produce are never sampled. Pass the `tokenizer`
+    (its `vocab_size` becomes the engine's `vocab_limit`) or `vocab_limit` itself; a tokenizer larger
+    than the model's embedding is a RolloutSetupError here. With neither, every id may be sampled.
     """
+    if tokenizer is not None:
+        tok_size = int(tokenizer.vocab_size)
+        if vocab_limit is not None and int(vocab_limit) != tok_size:
+            raise RolloutSetupError(f"make_engine: vocab_limit {vocab_limit} differs from the tokenizer's {tok_size} ids")
+        vocab_limit = tok_size
     kind = str(config.rollout.engine)
     if checkpoint is not None and not os.path.isdir(checkpoint):
         raise RolloutSetupError(f"checkpoint {checkpoint} is not a directory")
@@ -45,7 +61,7 @@ def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None)
     if kind == "sglang":
         from mpa_jax.rollout.sglang import SGLangEngine
 
-        engine = SGLangEngine(str(config.rollout.sglang_url), request_batch=int(config.rollout.batch_size))
+        engine = SGLangEngine(str(config.rollout.sglang_url), request_batch=int(config.rollout.batch_size), vocab_limit=vocab_limit)
         if checkpoint is not None:
             engine.update_weights(os.path.abspath(checkpoint), os.path.basename(os.path.normpath(checkpoint)))
         return engine
@@ -54,7 +70,8 @@ def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None)
     import jax
 
     from mpa_jax import models
-    from mpa_jax.rollout.jax_engine import JaxEngine
+    from mpa_jax.rollout.jax_engine import JaxEngine, check_vocab_limit
+    from mpa_jax.rollout.types import EngineError
 
     rules = None
     if mesh is None and bool(config.rollout.get("sharded", False)):
@@ -62,15 +79,44 @@ def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None)
 
         mesh = sharding.make_mesh(config.mesh)
         rules = sharding.rules_from_config(config)
-    kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh))
+    kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh),
+              vocab_limit=None if vocab_limit is None else int(vocab_limit))
     if checkpoint is not None:
         try:
             return JaxEngine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), **kw)
+        except EngineError as e:
+            raise RolloutSetupError(f"checkpoint {checkpoint}: {e}") from None
         except ValueError as e:  # hf_io.CheckpointError and config errors name the file or tensor
             raise RolloutSetupError(f"cannot load checkpoint {checkpoint}: {e}") from None
     cfg = models.config_from_ml(config.model)
+    try:
+        check_vocab_limit(kw["vocab_limit"], cfg.vocab_size)
+    except EngineError as e:
+        raise RolloutSetupError(f"config.model: {e}") from None
     params = models.init_params(cfg, jax.random.key(int(config.seed)), mesh=mesh, rules=rules)
     return JaxEngine(cfg, params, weight_version="init", **kw)
+
+
+def check_engine_vocab(engine: Any, tokenizer: Any) -> None:
+    """RolloutSetupError unless an engine samples exactly the tokenizer's ids (its `vocab_limit`).
+
+    An engine without a `vocab_limit` attribute (a remote server) is not checked here; its client
+    turns ids outside the tokenizer into an EngineError instead.
+    """
+    limit = getattr(engine, "vocab_limit", None)
+    if limit is None:
+        return
+    size = int(tokenizer.vocab_size)
+    model_vocab = getattr(getattr(engine, "cfg", None), "vocab_size", limit)
+    if size > model_vocab:
+        raise RolloutSetupError(
+            f"tokenizer has {size} ids but the model's vocabulary is {model_vocab}; they must come from the same run"
+        )
+    if int(limit) != size:
+        raise RolloutSetupError(
+            f"the engine samples ids below {limit} but the tokenizer has {size}; build the engine with"
+            f" vocab_limit={size} (make_engine(..., tokenizer=tok)) so that it never samples an id the tokenizer cannot decode"
+        )
 
 
 def engine_replicas(config: Any, mesh: Any = None) -> int:
@@ -141,15 +187,14 @@ def run_rollouts(
     checkpoint = engine_or_checkpoint if isinstance(engine_or_checkpoint, (str, os.PathLike)) else None
     if checkpoint is not None:
         checkpoint = os.fspath(checkpoint)
-    engine = engine_or_checkpoint if checkpoint is None and engine_or_checkpoint is not None else make_engine(config, checkpoint)
     if tokenizer is None:
         tokenizer = load_rollout_tokenizer(config, checkpoint, workdir)
+    if checkpoint is None and engine_or_checkpoint is not None:
+        engine = engine_or_checkpoint
+        check_engine_vocab(engine, tokenizer)
+    else:
+        engine = make_engine(config, checkpoint, tokenizer=tokenizer)
     model_cfg = getattr(engine, "cfg", None)
-    vocab = getattr(model_cfg, "vocab_size", None)
-    if vocab is not None and tokenizer.vocab_size > vocab:
-        raise RolloutSetupError(
-            f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {vocab}; they must come from the same run"
-        )
     max_pos = getattr(model_cfg, "max_position_embeddings", None)
     if max_pos is not None and int(config.rollout.max_total_tokens) > max_pos:
         raise RolloutSetupError(
@@ -163,11 +208,32 @@ def run_rollouts(
     loop_cfg = AgentLoopConfig.from_config(
         config.rollout, seed=int(config.seed if seed is None else seed), greedy=greedy,
         planner=label or (os.path.basename(os.path.normpath(checkpoint)) if checkpoint else "policy"),
+        env_kind=str(config.get("envs", {}).get("kind", "sandbox")),
     )
     from mpa_jax.envs import make_env
+    from mpa_jax.envs.pool import EnvPool, limits_from_config
 
+    new_env = lambda kind: make_env(kind, config=config)  # noqa: E731
+    session = None
+    if bool(config.get("harness", {}).get("enabled", False)):
+        # The harness presents itself to the loop as the env (DESIGN §5); off = raw planner + env.
+        from mpa_jax.harness.planners import EnginePlanner
+        from mpa_jax.harness.runtime import session_for_run
+
+        session = session_for_run(config, env_kind=loop_cfg.env_kind,
+                                  subplanner=EnginePlanner(engine, tokenizer, int(config.rollout.max_new_tokens), loop_cfg.temperature,
+                                                           params_cls=SamplingParams))
+        loop_cfg.harness_version = session.version_label
+        new_env = lambda _kind: session.env_factory()  # noqa: E731
     t0 = time.perf_counter()
-    trajectories = _run_with_progress(engine, tokenizer, task_list, make_env, loop_cfg, progress, label)
+    try:
+        # env kwargs (a device serial, a simulator backend) and the per-kind pool limits come from config.envs
+        with EnvPool(limits_from_config(config) if "envs" in config else {}) as pool:
+            trajectories = _run_with_progress(engine, tokenizer, task_list, new_env, loop_cfg, progress, label, pool,
+                                              session.annotate if session is not None else None)
+    finally:
+        if session is not None:
+            session.close()
     wall = time.perf_counter() - t0
     summary = summarize(trajectories)
     summary.update(label=label, weight_version=str(engine.weight_version), wall_s=wall, greedy=greedy)
@@ -182,10 +248,11 @@ def run_rollouts(
     return summary
 
 
-def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env: Any, cfg: AgentLoopConfig, progress: bool, label: str) -> list:
+def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env: Any, cfg: AgentLoopConfig, progress: bool, label: str,
+                       env_pool: Any = None, annotate: Any = None) -> list:
     factory = lambda: make_env(cfg.env_kind)  # noqa: E731
     if not progress:
-        return run_episodes(engine, tokenizer, tasks, factory, cfg)
+        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=annotate, env_pool=env_pool)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]rollout[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -194,11 +261,13 @@ def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env:
         done = {"succ": 0}
 
         def on_done(traj: Any) -> None:
+            if annotate is not None:
+                annotate(traj)
             if traj.verification is not None and traj.verification.success:
                 done["succ"] += 1
             bar.update(job, advance=1, succ=done["succ"])
 
-        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=on_done)
+        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=on_done, env_pool=env_pool)
 
 
 def format_summary(summary: dict[str, Any]) -> str:
