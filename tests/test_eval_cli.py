@@ -24,10 +24,17 @@ def _mpa(tmp_path, cache, *args):
 
 
 def test_eval_writes_metrics_for_k_runs(tmp_path, cache):
-    res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--k", "2", "--max-tasks", "2")
+    ok, _ = harness_available()
+    modes = ["off", "on"] if ok else ["off"]  # --harness both: the same checkpoint with and without the harness
+    res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--k", "2", "--max-tasks", "2", "--harness", "both" if ok else "off")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rep = json.loads((tmp_path / "run" / "eval" / "untrained" / "eval.json").read_text())
     assert rep["k"] == 2 and rep["tasks"] == 2 and rep["split"] == "test" and not rep["greedy"]
+    assert sorted(rep["harness"]) == sorted(modes)
+    if ok:
+        assert "harness_delta_success" in rep and "harness on - off" in res.stdout
+        on = [json.loads(line) for line in open(tmp_path / "run" / "eval" / "untrained" / "on" / "run0.jsonl")]
+        assert all(t["provenance"]["harness_version"] not in ("", "none") for t in on)
     m = rep["harness"]["off"]
     o = m["overall"]
     assert o["runs"] + m["infra_failures"] == 4

@@ -1,0 +1,52 @@
+"""The loop's harness stage: failures of the held-out eval and of the round's data are mined into
+proposals, reviewed by `loop.harness_review` and released as a harness version (auto), or queued with
+the reason recorded (manual). Uses the harness evolution of issue 14 on real sandbox episodes: a planner
+that says relation "coworker" (refused: the enum says colleague) and then fixes it."""
+import json
+import os
+
+import pytest
+
+from mpa_jax.config import load_config_file
+from mpa_jax.envs import load_tasks, make_env, write_jsonl
+from mpa_jax.loop import Loop, harness_evolution_available
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _episodes():
+    from mpa_jax.harness.episode import oracle_trajectory, run_episode
+    from mpa_jax.harness.planners import PlannerReply, ScriptedPlanner
+
+    out = []
+    for task in [t for t in load_tasks("train") if t.template == "contact.create"][:2]:
+        args = dict(task.gold[0]["arguments"])
+        planner = ScriptedPlanner([PlannerReply(calls=[{"name": "create_contact", "arguments": dict(args, relation="coworker")}]),
+                                   PlannerReply(calls=[{"name": "create_contact", "arguments": dict(args, relation="colleague")}]),
+                                   PlannerReply(text="Done.")])
+        out.append(run_episode(planner, make_env("sandbox"), task))
+    fault_tasks = [t for t in load_tasks("dev") if any(f.get("code") == "UNSUPPORTED_VALUE" for f in t.faults)]
+    out += [oracle_trajectory(make_env("sandbox"), t) for t in fault_tasks]
+    return out
+
+
+@pytest.mark.parametrize("review", ["auto", "manual"])
+def test_harness_stage_releases_a_reviewed_version(tmp_path, review):
+    ok, why = harness_evolution_available()
+    assert ok, why
+    cfg = load_config_file(os.path.join(ROOT, "configs", "micro.py"))
+    cfg.loop.harness_review = review
+    loop = Loop(cfg, str(tmp_path), progress=False)
+    run_dir = tmp_path / "eval" / "r1" / "off"
+    run_dir.mkdir(parents=True)
+    write_jsonl(str(run_dir / "run0.jsonl"), _episodes())
+    res = loop.harness(1, {"eval_json": str(tmp_path / "eval" / "r1" / "eval.json")}, None)
+    mined = json.loads(open(res["mined"]).read())
+    assert mined["failures"] >= 0 and res["proposals"] >= 1
+    if review == "auto":
+        assert not res.get("skipped") and res["version"] not in ("none", "")
+        manifest = json.loads((tmp_path / "harness" / "versions" / res["version"] / "manifest.json").read_text())
+        assert manifest["version"] == res["version"] and manifest["auto_approved"]
+        assert res["version_dir"].endswith(res["version"]) and res["changes"]
+    else:
+        assert res["version"] == "none" and "queued for review" in res["skipped"] and res["queued"] >= 1
