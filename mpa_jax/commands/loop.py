@@ -16,6 +16,30 @@ from mpa_jax.cli import UserError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true", help="delete the run directory's earlier loop outputs first")
     parser.add_argument("--rounds", type=int, default=None, help="rounds after the cold start (default: config.loop.rounds)")
+    parser.add_argument("--starter", default=None,
+                        help="starter planner directory to start from (default: config.demo.starter when set; '' = from scratch)")
+
+
+def use_starter(config: Any, starter_arg: str | None) -> str | None:
+    """Point `config` at the shipped starter planner (issue 12's `mpa_jax.commands.demo` helpers: model
+    shape, weights, tokenizer, context format) when one is named and present; returns its directory."""
+    from mpa_jax.commands import demo
+
+    if not all(hasattr(demo, n) for n in ("find_starter", "load_starter", "apply_starter")):
+        if starter_arg:
+            raise UserError(f"--starter {starter_arg}: this build has no starter planner support (issue 12)")
+        return None
+    explicit = starter_arg is not None
+    if starter_arg is None:
+        starter_arg = str(config.get("demo", {}).get("starter", "") or "")
+    path = demo.find_starter(starter_arg) if starter_arg else None
+    if starter_arg and path is None:
+        if explicit:
+            raise UserError(f"--starter {starter_arg}: no config.json there")
+        return None  # the config's default starter is not built here: from scratch, as the demo does
+    if path is not None:
+        demo.apply_starter(config, demo.load_starter(path))
+    return path
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
@@ -37,6 +61,8 @@ def run(args: argparse.Namespace, config: Any) -> int:
             elif os.path.exists(p):
                 os.remove(p)
     console = Console()
+    starter = use_starter(config, args.starter)
+    console.print(f"starting from the starter planner {starter}" if starter else "starting from scratch (no starter planner)")
     try:
         summary = run_loop(config, args.workdir, console=console)
     except RolloutSetupError as e:
