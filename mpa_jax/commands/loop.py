@@ -63,9 +63,18 @@ def run(args: argparse.Namespace, config: Any) -> int:
     console = Console()
     starter = use_starter(config, args.starter)
     console.print(f"starting from the starter planner {starter}" if starter else "starting from scratch (no starter planner)")
+    from mpa_jax.sft.data import DataError
+
+    setup_errors: tuple[type[BaseException], ...] = (RolloutSetupError, DataError)
+    try:
+        from mpa_jax.rl.trainer import RLSetupError
+
+        setup_errors += (RLSetupError,)
+    except ImportError:  # RL not in this build: its stage is skipped with the reason
+        pass
     try:
         summary = run_loop(config, args.workdir, console=console)
-    except RolloutSetupError as e:
+    except setup_errors as e:  # a config that does not fit (data, model, RL settings): one line, the run dir kept for resume
         raise UserError(str(e)) from None
     console.rule("[bold]headline")
     console.print(format_headline(summary), highlight=False)
