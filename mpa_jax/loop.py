@@ -381,7 +381,8 @@ class Loop:
                         "by_category": ev["by_category"], "mean_output_tokens": ev["mean_output_tokens"],
                         "mean_tool_calls": ev["mean_tool_calls"], "cost_per_1k_tasks": ev["cost_per_1k_tasks"],
                         "cost_per_1k_tasks_output_only": ev["cost_per_1k_tasks_output_only"],
-                        "weight_version": ev["weight_version"], "harness_version": hv, "eval_json": ev["eval_json"]}
+                        "weight_version": ev["weight_version"], "harness_version": hv, "eval_json": ev["eval_json"],
+                        "harness_mode": ev.get("harness_mode", "off"), "success_harness_off": ev.get("success_harness_off", ev["success"])}
                        for name, ev, hv in rows],
             "skipped": [{"stage": k, "reason": v} for k, v in st["skipped"].items()],
             "harness": [{"round": n.split("/")[0], **{k: v for k, v in st["done"][n].items() if k in ("version", "changes", "failures", "clusters", "skipped")}}

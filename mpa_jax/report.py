@@ -140,10 +140,11 @@ def render_report(summary: dict[str, Any], workdir: str) -> str:
              f"<h1>MPA-JAX closed loop: {html.escape(summary.get('config', ''))}</h1>",
              f"<p>Held-out success on {summary['heldout_tasks']} {html.escape(summary['split'])} tasks (greedy unless k &gt; 1).</p>",
              "<h2 id='headline'>Headline</h2>",
-             _table(["stage", "overall"] + cats + ["partial score", "output tokens", "tool calls", "weights", "harness"],
+             _table(["stage", "overall"] + cats + ["partial score", "output tokens", "tool calls", "weights", "harness", "overall, harness off"],
                     [[s["name"], _pct(s["success"])] + [_pct(s["by_category"][c]) if c in s["by_category"] else "-" for c in cats]
                      + [f"{s['partial_score']:.3f}", f"{s['mean_output_tokens']:.1f}", f"{s['mean_tool_calls']:.2f}",
-                        s["weight_version"], s["harness_version"]] for s in stages], "headline"),
+                        s["weight_version"], s["harness_version"], _pct(s.get("success_harness_off", s["success"]))] for s in stages],
+                    "headline"),
              f"<pre>{html.escape(format_headline(summary))}</pre>",
              "<h2 id='success'>Success by round and category</h2>", _img(p["success"], "success by stage"), _img(p["categories"], "success by category"),
              "<h2 id='length'>Output length over training</h2>", _img(p["length"], "output length and loss"),
@@ -162,7 +163,7 @@ def render_report(summary: dict[str, Any], workdir: str) -> str:
     for s in stages:
         try:
             with open(s["eval_json"], encoding="utf-8") as f:
-                c = json.load(f)["harness"]["off"]["overall"]["cost_per_1k_tasks"]
+                c = json.load(f)["harness"][s.get("harness_mode", "off")]["overall"]["cost_per_1k_tasks"]
         except (OSError, KeyError, ValueError):
             c = {"input_tokens": float("nan"), "output_tokens": float("nan"), "tool_calls": float("nan"), "device_seconds": float("nan")}
         crow.append([s["name"], f"{c['input_tokens']:.4f}", f"{c['output_tokens']:.4f}", f"{c['tool_calls']:.4f}",
