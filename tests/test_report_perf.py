@@ -31,7 +31,10 @@ def test_run_all_rewrites_only_the_table(tmp_path, monkeypatch):
     rows = [line for line in text.splitlines() if line.startswith("| sandbox |")]
     assert len(rows) == 2 and all("x** |" in r for r in rows)
     assert (tmp_path / "logs" / "sandbox.log").exists()
-    # a second run replaces the table instead of adding one
-    assert run_all.main(["--only", "sandbox", "--perf", str(perf), "--logs", str(tmp_path / "logs")]) == 0
-    assert perf.read_text().count(run_all.START) == 1 and "Model prose stays." in perf.read_text()
+    # a second rewrite replaces the table instead of adding one
+    run_all.rewrite_perf(str(perf), run_all.table({"forward": ("ok", [("fwd+bwd tokens/s", "tok/s", 2.0, "torch", 1.0, "higher")])},
+                                                  "2026-12-01", "cpu, 2 cores"))
+    text = perf.read_text()
+    assert text.count(run_all.START) == 1 and "Model prose stays." in text and "Intro prose." in text
+    assert "| sandbox |" not in text and "| forward | fwd+bwd tokens/s | 2 tok/s | torch | 1 tok/s | **2.00x** |" in text
     assert run_all.main(["--only", "nonesuch", "--perf", str(perf)]) == 2
