@@ -310,6 +310,10 @@ class Loop:
         cfg = self.config
         t0 = time.perf_counter()
         os.makedirs(self.workdir, exist_ok=True)
+        if "context" in cfg and importlib.util.find_spec("mpa_jax.envs.context") is not None:
+            from mpa_jax.envs import context  # the planner's context format (issue 12), process-wide
+
+            context.configure(cfg)
         self.stage("tokenizer", lambda: {"vocab_size": self.tokenizer.vocab_size, "dir": self.tokenizer_dir()})
         data0 = self.stage("r0/data", lambda: self.build_data(0, None))
         untrained = self.stage("eval/untrained", lambda: self.evaluate("untrained", None))
