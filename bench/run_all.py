@@ -73,9 +73,21 @@ def parse_logprobs_memory(out: str) -> list[Row]:
     return rows
 
 
+def parse_rl_step(out: str) -> list[Row]:
+    ours = re.search(r"^ours: .*?total_s ([\d.]+)", out, re.M)
+    trl = re.search(r"^trl GRPOTrainer: .*?total_s ([\d.]+)", out, re.M)
+    return [("RL iteration (rollouts + update)", "s", float(ours.group(1)), "TRL GRPOTrainer", float(trl.group(1)), "lower")] if ours and trl else []
+
+
+def parse_adb(out: str) -> list[Row]:
+    adb = re.search(r"adb device env: .*?= ([\d.]+) episodes/s", out)
+    sb = re.search(r"sandbox \(in process\): ([\d.]+) episodes/s", out)
+    return [("device env episodes/s (real adb server)", "ep/s", float(adb.group(1)), "in-process sandbox", float(sb.group(1)), "higher")] if adb and sb else []
+
+
 PARSERS: dict[str, Callable[[str], list[Row]]] = {
     "forward": parse_forward, "train_step": parse_train_step, "generate": parse_generate,
-    "sandbox": parse_sandbox, "logprobs_memory": parse_logprobs_memory,
+    "sandbox": parse_sandbox, "logprobs_memory": parse_logprobs_memory, "rl_step": parse_rl_step, "adb": parse_adb,
 }
 # Quick arguments where the defaults would take many minutes on a 2-core CPU.
 ARGS: dict[str, list[str]] = {"forward": ["--steps", "3"], "generate": ["--repeats", "2"], "sandbox": ["--calls", "20000", "--resets", "1000"]}

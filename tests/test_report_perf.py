@@ -18,6 +18,8 @@ def test_parsers_read_the_benches_lines():
     (row,) = run_all.parse_logprobs_memory(mem)
     assert round(run_all.ratio(row[2], row[4], row[5]), 1) == 8.2  # lower is better: peer / ours
     assert run_all.parse_train_step("nothing here") == []
+    (row,) = run_all.parse_rl_step("ours: rollout_s 1.000  total_s 2.000\ntrl GRPOTrainer: total_s 5.000\n")
+    assert run_all.ratio(row[2], row[4], row[5]) == 2.5
 
 
 def test_run_all_rewrites_only_the_table(tmp_path, monkeypatch):
