@@ -114,13 +114,8 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
     assert [r["step"] for r in recs] == [1, 2] and all(n in recs[0] for n in NAMES)
     final_a = _params(_state_after(a))
 
-    # B: the same run killed after step 2's rollouts and update (step 1 is the last checkpoint), then resumed.
-    def kill(done, metrics, state, engine):
-        if done == 2:
-            raise KeyboardInterrupt("killed")
-
-    with pytest.raises(KeyboardInterrupt):
-        run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_ParityEnv, on_step=kill, progress=False)
+    # B: a run whose directory holds A's step-1 checkpoint (A "killed" after step 1) resumes and ends where A did.
+    _copy_checkpoint(tmp_path / "a", tmp_path / "b", 1)
     b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_ParityEnv, progress=False)
     assert b.resumed_from == 1 and b.weight_version == a.weight_version
     assert all(np.array_equal(x, y) for x, y in zip(final_a, _params(_state_after(b))))
@@ -131,6 +126,42 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
     extra = json.load(open(tmp_path / "b" / "checkpoints" / "2" / "extra" / "metadata"))
     assert extra["cursor"] == 8 and extra["weight_version"] == a.weight_version and extra["rl_step"] == 2
     assert extra["competence"]["counts"]["calc.tip_split"] == sum(m["rl/rollouts"] for _, m in seen)
+    assert all(m["rl/staleness"] == 0 for _, m in seen)
+
+
+def test_async_rollouts_are_one_version_stale_and_resume_exactly(tmp_path, tok):
+    """Async: step k+1's rollouts sample with the weights before step k's update (staleness 1, recorded
+    per trajectory); the prefetched rollouts are checkpointed, so a resume is still exact. On CPU the
+    learner mesh must be one device (a multi-device one is refused with a clear error)."""
+    cfg = _config(tok, steps=2)
+    cfg.rl.async_rollouts, cfg.rl.max_staleness, cfg.rl.minibatches = True, 1, 1
+    with pytest.raises(ValueError, match="one-device learner mesh"):
+        run_rl(cfg, str(tmp_path / "x"), tokenizer=tok, env_factory=_ParityEnv, progress=False)
+    cfg.mesh.data = 1
+    seen = []
+
+    def check(done, metrics, state, engine):
+        learner = _params(state)
+        sampler = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(engine.params))]
+        assert all(np.array_equal(x, y) for x, y in zip(learner, sampler))
+        seen.append(dict(metrics))
+
+    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, env_factory=_ParityEnv, on_step=check, progress=False)
+    assert [m["rl/staleness"] for m in seen] == [0, 1] and all(m["rl/stale_dropped"] == 0 for m in seen)
+    extra = json.load(open(tmp_path / "a" / "checkpoints" / "1" / "extra" / "metadata"))
+    pre = extra["prefetched"]
+    assert pre["step"] == 1 and {t["provenance"]["weight_version"] for t in pre["trajs"]} == {"0"}
+    _copy_checkpoint(tmp_path / "a", tmp_path / "b", 1)
+    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_ParityEnv, progress=False)
+    assert b.resumed_from == 1
+    assert all(np.array_equal(x, y) for x, y in zip(_params(_state_after(a)), _params(_state_after(b))))
+
+
+def _copy_checkpoint(src, dst, step):
+    import shutil
+
+    (dst / "checkpoints").mkdir(parents=True)
+    shutil.copytree(src / "checkpoints" / str(step), dst / "checkpoints" / str(step))
 
 
 def _state_after(result):
