@@ -1,8 +1,9 @@
 """`mpa serve --config ... --checkpoint DIR [--host H] [--port N]`: the embedded engine behind HTTP.
 
 Serves the SGLang-native subset (`/generate`, `/update_weights_from_disk`, `/flush_cache`, `/health`,
-`/health_generate`, `/model_info`) and OpenAI `POST /v1/chat/completions` with tools; see
-`mpa_jax.rollout.server`. Binds 127.0.0.1 unless told otherwise. `--print-sglang` prints the
+`/health_generate`, `/model_info`) and OpenAI `POST /v1/chat/completions` (tools, streaming, n,
+logprobs, stop, seed) and `/v1/completions`; see `mpa_jax.rollout.server.app`. The engine never samples
+an id the tokenizer cannot decode. Binds 127.0.0.1 unless told otherwise. `--print-sglang` prints the
 equivalent `python -m sglang.launch_server` command for the checkpoint instead of serving.
 """
 from __future__ import annotations
@@ -50,12 +51,11 @@ def run(args: argparse.Namespace, config: Any) -> int:
     if str(config.rollout.engine) != "jax":
         raise UserError("mpa serve runs the embedded engine: set --config.rollout.engine=jax")
     try:
-        engine = make_engine(config, args.checkpoint)
         tokenizer = load_rollout_tokenizer(config, args.checkpoint, args.workdir)
+        # The engine never samples an id the tokenizer cannot decode (padded embedding rows).
+        engine = make_engine(config, args.checkpoint, tokenizer=tokenizer)
     except RolloutSetupError as e:
         raise UserError(str(e)) from None
-    if tokenizer.vocab_size > engine.cfg.vocab_size:
-        raise UserError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {engine.cfg.vocab_size}")
     app = create_app(
         engine,
         tokenizer,
