@@ -115,13 +115,14 @@ def _load_init(config: Any, init: str | None, workdir: str) -> tuple[models.Mode
     if not os.path.isdir(init):
         raise RLSetupError(f"--init {init} is not a directory")
     hf_dir = init
-    if not os.path.isfile(os.path.join(init, "config.json")):
+    # A run directory also holds a config.json (the resolved experiment config): weights decide.
+    if not any(f.endswith(".safetensors") or f.endswith(".safetensors.index.json") for f in os.listdir(init)):
         from mpa_jax.export import export_checkpoint
 
         try:
             ckpt.find_step_dir(init)
         except ckpt.CheckpointError as e:
-            raise RLSetupError(f"--init {init} is neither an HF directory (config.json) nor an orbax checkpoint: {e}") from None
+            raise RLSetupError(f"--init {init} is neither an HF directory (safetensors) nor an orbax checkpoint: {e}") from None
         tok_dir = next((d for d in (os.path.join(init, "tokenizer"), os.path.join(os.path.dirname(os.path.abspath(init)), "tokenizer"))
                         if os.path.isdir(d)), None)
         hf_dir = export_checkpoint(init, os.path.join(workdir, "init_hf"), dtype="float32", tokenizer_dir=tok_dir)
@@ -170,14 +171,15 @@ def _compiled_step(cfg: models.ModelConfig, loss_key: tuple, opt_key: tuple, mic
                                    schedule=schedule, micro_batches=micro)
 
 
-def _make_engine(config: Any, cfg: models.ModelConfig, params: Any, version: int, workdir: str, tokenizer_dir: str | None):
+def _make_engine(config: Any, cfg: models.ModelConfig, params: Any, version: int, workdir: str, tokenizer_dir: str | None,
+                 vocab_limit: int | None = None):
     kind = str(config.rollout.engine)
     if kind == "jax":
         from mpa_jax.rollout.jax_engine import JaxEngine
         from mpa_jax.rollout.run import engine_replicas
 
         return JaxEngine(cfg, copy_params(params), max_batch=int(config.rollout.batch_size), weight_version=str(version),
-                         replicas=engine_replicas(config))
+                         replicas=engine_replicas(config), vocab_limit=vocab_limit)
     if kind == "sglang":
         from mpa_jax.rollout.sglang import SGLangEngine, hf_exporter
 
@@ -340,7 +342,7 @@ def run_rl(
             ref_params = ref_state.params
             ref_fn = jax.jit(lambda p, b: policy_logprobs(cfg, p, b, temperature=temperature, chunk=chunk, vocab_limit=vocab_limit)[0])
 
-        engine = _make_engine(config, cfg, state.params, version, workdir, hf_dir)
+        engine = _make_engine(config, cfg, state.params, version, workdir, hf_dir, vocab_limit)
         writer = mlib.MetricsWriter(workdir)
         pool = ThreadPoolExecutor(1, thread_name_prefix="rl-rollouts") if async_mode else None
         for step in range(start, stop_at):
