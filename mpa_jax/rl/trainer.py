@@ -14,6 +14,12 @@ One RL step:
      a buffer the next train step donates; an HF export + `/update_weights_from_disk` for SGLang);
   6. log `rl/*` and `time/*` metrics; checkpoint every `rl.checkpoint_every` steps and at the end.
 
+Async mode (`rl.async_rollouts`): step k+1's rollouts are sampled in a background thread, with the
+weights of version v_k, while step k trains; the prefetch is awaited before the sync (no weight swap
+mid-generation), so every trained rollout is exactly one version stale (`rl/staleness`); rollouts more
+than `rl.max_staleness` versions old are dropped (`rl/stale_dropped`). The prefetched rollouts are
+saved in the checkpoint. On CPU the learner mesh must be one device (see `run_rl`).
+
 Determinism: the step's task draw, sampling seeds and minibatch shuffles are functions of
 (config.seed, step), so a run resumed from a checkpoint (params, optimizer, rng, competence table,
 task cursor, weight version) continues exactly as the uninterrupted run would have.
