@@ -201,3 +201,24 @@ def test_replicas_are_checked(ckpt):
         JaxEngine.from_pretrained(ckpt, replicas=64)
     with pytest.raises(ValueError, match="1 with a mesh"):
         JaxEngine.from_pretrained(ckpt, mesh=sharding.make_mesh((2, 1, 1, 1), jax.devices()[:2]), replicas=2)
+
+
+def test_rows_with_different_settings_share_a_batch_and_top_logprobs(engine):
+    """generate_rows: greedy, hot, top-k and short rows in one call equal each run on its own; the top
+    log-probs are the most likely ids of the same distribution, the sampled token's among them when greedy."""
+    prompts = _prompts((4, 9, 6, 12), seed=5)
+    rows = [SamplingParams(max_new_tokens=6, temperature=0.0), SamplingParams(max_new_tokens=12, temperature=1.5),
+            SamplingParams(max_new_tokens=3, temperature=0.8, top_k=5), SamplingParams(max_new_tokens=12, temperature=1.0, stop_token_ids=(7,))]
+    mixed = engine.generate_rows(prompts, rows, seeds=[1, 2, 3, 4], top_logprobs=3)
+    for p, sp, seed, r in zip(prompts, rows, [1, 2, 3, 4], mixed):
+        (alone,) = engine.generate([p], sp, seeds=[seed])
+        assert r.token_ids == alone.token_ids and r.finish_reason == alone.finish_reason
+        np.testing.assert_allclose(r.logprobs, alone.logprobs, atol=1e-5)
+        assert len(r.top_logprobs) == len(r.token_ids) and all(len(t) == 3 for t in r.top_logprobs)
+        for tok, lp, top in zip(r.token_ids, r.logprobs, r.top_logprobs):
+            vals = [v for _, v in top]
+            assert vals == sorted(vals, reverse=True) and lp <= vals[0] + 1e-5
+            if tok in dict(top):
+                assert abs(dict(top)[tok] - lp) < 1e-5
+    assert all(r.token_ids[i] == r.top_logprobs[i][0][0] for r in mixed[:1] for i in range(6))  # greedy row: its token is the top one
+    assert len(mixed[2].token_ids) == 3 and mixed[0].top_logprobs is not None and engine.generate(prompts[:1], rows[0])[0].top_logprobs is None

@@ -4,10 +4,11 @@ the syncs, the engine never holds a buffer the next (donating) train step frees,
 retried or dropped and never rewarded, and a run killed after a checkpoint resumes exactly.
 
 The env is the real `SandboxEnv` (reset, tools, ledger) with one change, for learnability only: an
-untrained micro model never solves a benchmark task, so every group would have zero variance and no
-update would run. `_ParityEnv` therefore verifies "success" as a deterministic function of the answer
-text the model wrote (its length is even), and raises from `verify` (an infra failure) when the length is
-a multiple of 5, so retries and drops happen deterministically.
+untrained micro model never even closes a turn (every turn is cut at the token limit and becomes an
+INVALID_ARGUMENTS feedback), so no episode could succeed, every group would have zero variance and no
+update would run. `_PatternEnv` therefore verifies "success" by a fixed pattern over the episodes it
+is created for (two of every four consecutive episodes, i.e. of every group of four), which is all the
+mechanics under test need. Infra retries and drops are tested with the scripted engine below.
 """
 from __future__ import annotations
 
@@ -32,28 +33,35 @@ NAMES = ("rl/success", "rl/score", "rl/output_tokens", "rl/tool_calls", "rl/comp
          "rl/weight_version", "rl/infra_dropped", "time/rollout_s", "time/train_s", "time/sync_s")
 
 
-class _ParityEnv:
+class _PatternEnv:
+    created = 0  # episodes start in a fixed order; 16 per step, so the pattern realigns on resume
+
     def __init__(self):
         self.inner = SandboxEnv()
-        self.answer = ""
+        self.index = _PatternEnv.created
+        _PatternEnv.created += 1
 
     def reset(self, task):
         return self.inner.reset(task)
 
     def step(self, action):
-        if action.kind == "message":
-            self.answer = action.text or ""
         return self.inner.step(action)
 
     def verify(self):
-        n = len(self.answer)
-        if n % 5 == 0:
-            raise RuntimeError("verifier backend unavailable")
         real = self.inner.verify()
-        return Verification(success=n % 2 == 0, score=float(n % 2 == 0), checks=real.checks)
+        ok = self.index % 4 < 2
+        return Verification(success=ok, score=float(ok), checks=real.checks)
 
     def close(self):
         self.inner.close()
+
+
+def _pattern_env():
+    return _PatternEnv()
+
+
+def _reset_pattern():
+    _PatternEnv.created = 0
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +107,14 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
         seen.append((done, dict(metrics)))
 
     cfg = _config(tok)
-    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, env_factory=_ParityEnv, on_step=check, progress=False)
+    _reset_pattern()
+    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, env_factory=_pattern_env, on_step=check, progress=False)
     assert [d for d, _ in seen] == [1, 2]
     versions = [int(m["rl/weight_version"]) for _, m in seen]
     updated = [m["rl/updates"] > 0 for _, m in seen]
     assert any(updated) and versions == list(np.cumsum(updated)) and a.weight_version == versions[-1]
     for _, m in seen:
-        assert m["rl/rollouts"] + m["rl/infra_dropped"] == 16
+        assert m["rl/rollouts"] == 16 and m["rl/infra_dropped"] == 0
         assert 0 <= m["rl/success"] <= 1
         if m["rl/updates"]:
             assert m["rl/logprob_gap"] < 1e-4  # float32: behaviour log-probs == learner log-probs
@@ -114,14 +123,10 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
     assert [r["step"] for r in recs] == [1, 2] and all(n in recs[0] for n in NAMES)
     final_a = _params(_state_after(a))
 
-    # B: the same run killed after step 2's rollouts and update (step 1 is the last checkpoint), then resumed.
-    def kill(done, metrics, state, engine):
-        if done == 2:
-            raise KeyboardInterrupt("killed")
-
-    with pytest.raises(KeyboardInterrupt):
-        run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_ParityEnv, on_step=kill, progress=False)
-    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_ParityEnv, progress=False)
+    # B: a run whose directory holds A's step-1 checkpoint (A "killed" after step 1) resumes and ends where A did.
+    _copy_checkpoint(tmp_path / "a", tmp_path / "b", 1)
+    _reset_pattern()
+    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_pattern_env, progress=False)
     assert b.resumed_from == 1 and b.weight_version == a.weight_version
     assert all(np.array_equal(x, y) for x, y in zip(final_a, _params(_state_after(b))))
     rb = [r for r in read_metrics(b.metrics_path) if r["step"] == 2][-1]
@@ -131,6 +136,45 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
     extra = json.load(open(tmp_path / "b" / "checkpoints" / "2" / "extra" / "metadata"))
     assert extra["cursor"] == 8 and extra["weight_version"] == a.weight_version and extra["rl_step"] == 2
     assert extra["competence"]["counts"]["calc.tip_split"] == sum(m["rl/rollouts"] for _, m in seen)
+    assert all(m["rl/staleness"] == 0 for _, m in seen)
+
+
+def test_async_rollouts_are_one_version_stale_and_resume_exactly(tmp_path, tok):
+    """Async: step k+1's rollouts sample with the weights before step k's update (staleness 1, recorded
+    per trajectory); the prefetched rollouts are checkpointed, so a resume is still exact. On CPU the
+    learner mesh must be one device (a multi-device one is refused with a clear error)."""
+    cfg = _config(tok, steps=2)
+    cfg.rl.async_rollouts, cfg.rl.max_staleness, cfg.rl.minibatches = True, 1, 1
+    with pytest.raises(ValueError, match="one-device learner mesh"):
+        run_rl(cfg, str(tmp_path / "x"), tokenizer=tok, env_factory=_pattern_env, progress=False)
+    cfg.mesh.data = 1
+    seen = []
+
+    def check(done, metrics, state, engine):
+        learner = _params(state)
+        sampler = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(engine.params))]
+        assert all(np.array_equal(x, y) for x, y in zip(learner, sampler))
+        seen.append(dict(metrics))
+
+    _reset_pattern()
+    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, env_factory=_pattern_env, on_step=check, progress=False)
+    assert [m["rl/staleness"] for m in seen] == [0, 1] and all(m["rl/stale_dropped"] == 0 for m in seen)
+    extra = json.load(open(tmp_path / "a" / "checkpoints" / "1" / "extra" / "metadata"))
+    pre = extra["prefetched"]
+    assert pre["step"] == 1 and {t["provenance"]["weight_version"] for t in pre["trajs"]} == {"0"}
+    _copy_checkpoint(tmp_path / "a", tmp_path / "b", 1)
+    _reset_pattern()  # the resumed step's episodes get the pattern A's step 2 got (16 per step)
+    _PatternEnv.created = 16
+    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_pattern_env, progress=False)
+    assert b.resumed_from == 1
+    assert all(np.array_equal(x, y) for x, y in zip(_params(_state_after(a)), _params(_state_after(b))))
+
+
+def _copy_checkpoint(src, dst, step):
+    import shutil
+
+    (dst / "checkpoints").mkdir(parents=True)
+    shutil.copytree(src / "checkpoints" / str(step), dst / "checkpoints" / str(step))
 
 
 def _state_after(result):
@@ -150,3 +194,29 @@ def _state_after(result):
         params = restored["state"]["params"]
 
     return S
+
+
+def test_infra_failures_are_retried_then_dropped_never_rewarded(tok):
+    """`run_group_rollouts` with the scripted engine: a task whose env fails once is retried and kept;
+    one whose env always fails is dropped and counted."""
+    from mpa_jax.envs import load_tasks
+    from mpa_jax.rl.trainer import run_group_rollouts
+    from mpa_jax.rollout.testing import ScriptedEngine
+
+    tasks = [t for t in load_tasks("train") if t.template == "calc.tip_split"][:2]
+    flaky, broken = tasks[0].id, tasks[1].id
+    resets = {}
+
+    class Env(SandboxEnv):
+        def reset(self, task):
+            resets[task.id] = resets.get(task.id, 0) + 1
+            if task.id == broken or (task.id == flaky and resets[task.id] <= 2):
+                raise ConnectionError("device farm unreachable")
+            return super().reset(task)
+
+    cfg = _config(tok)
+    cfg.rl.group_size, cfg.rl.infra_retries = 3, 1
+    trajs, groups, dropped = run_group_rollouts(ScriptedEngine(tok, ["All done."]), tok, tasks, cfg, step=0, env_factory=Env)
+    assert dropped == 3 and groups == [0, 0, 0] and len(trajs) == 3
+    assert not any(t.infra_failure for t in trajs) and resets[broken] == 6
+    assert all(t.provenance["sampling"]["for_ratios"] and t.provenance["sampling"]["top_k"] == -1 for t in trajs)

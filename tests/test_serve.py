@@ -88,7 +88,7 @@ def test_bad_requests_get_400_naming_the_field(tok):
                     "messages[0].role")
         _assert_400(httpx.post(u + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
                                                                  "tools": [{"type": "function"}]}), "tools[0]")
-        _assert_400(httpx.post(u + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "n": 2}), "n")
+        _assert_400(httpx.post(u + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "n": 0}), "n")
         assert engine.calls == []  # nothing reached the engine
 
 
@@ -103,6 +103,7 @@ def test_engine_limits_are_checked_before_generation(tok, tmp_path):
         _assert_400(httpx.post(u + "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 4, "stop_token_ids": [10**6]}}),
                     "sampling_params.stop_token_ids")
         _assert_400(httpx.post(u + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi " * 80}]}), "max_tokens")
+        _assert_400(httpx.post(u + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 70}), "max_tokens")
 
 
 def test_concurrent_requests_are_batched_and_text_prompts_work(tok):

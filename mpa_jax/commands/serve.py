@@ -1,8 +1,9 @@
 """`mpa serve --config ... --checkpoint DIR [--host H] [--port N]`: the embedded engine behind HTTP.
 
 Serves the SGLang-native subset (`/generate`, `/update_weights_from_disk`, `/flush_cache`, `/health`,
-`/health_generate`, `/model_info`) and OpenAI `POST /v1/chat/completions` with tools; see
-`mpa_jax.rollout.server`. Binds 127.0.0.1 unless told otherwise. `--print-sglang` prints the
+`/health_generate`, `/model_info`) and OpenAI `POST /v1/chat/completions` (tools, streaming, n,
+logprobs, stop, seed) and `/v1/completions`; see `mpa_jax.rollout.server.app`. The engine never samples
+an id the tokenizer cannot decode. Binds 127.0.0.1 unless told otherwise. `--print-sglang` prints the
 equivalent `python -m sglang.launch_server` command for the checkpoint instead of serving.
 """
 from __future__ import annotations

@@ -13,10 +13,9 @@ keeps it exact under packing and micro-batching (`train.step`). Extras (per-toke
 token means by the step): clip fraction, KL, entropy (at temperature T), ratio mean, |logp - b| gap,
 and ratio max/min.
 
-`vocab_limit`: ids >= the tokenizer's size can never be sampled (the engine masks them), so the
-learner's softmax must leave them out too or the ratio is off by their mass; the unembedding is cut to
-its first `vocab_limit` columns. (When `kernels/logprobs.py` grows a `vocab_limit` keyword, pass it
-through instead of slicing.)
+`vocab_limit`: ids >= the tokenizer's size are never sampled (the engine gives them -inf logits), so
+the learner's softmax leaves them out too (`chunked_logprobs(vocab_limit=)`), or every ratio would be
+off by their probability mass.
 """
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ def policy_logprobs(cfg: models.ModelConfig, params: Any, batch: Mapping[str, ja
         attention_mask=(batch["segment_ids"] > 0).astype(jnp.int32),
     )
     unembed = models.unembedding(cfg, params)
-    if vocab_limit is not None and vocab_limit < unembed.shape[1]:
-        unembed = unembed[:, :vocab_limit]
-    return chunked_logprobs(hidden, unembed, batch["targets"], chunk_size=chunk, temperature=temperature)
+    limit = vocab_limit if vocab_limit is not None and vocab_limit < unembed.shape[1] else None
+    return chunked_logprobs(hidden, unembed, batch["targets"], chunk_size=chunk, temperature=temperature, vocab_limit=limit)
 
 
 def token_losses(logp: jax.Array, batch: Mapping[str, jax.Array], *, clip_low: float, clip_high: float,

@@ -14,6 +14,12 @@ One RL step:
      a buffer the next train step donates; an HF export + `/update_weights_from_disk` for SGLang);
   6. log `rl/*` and `time/*` metrics; checkpoint every `rl.checkpoint_every` steps and at the end.
 
+Async mode (`rl.async_rollouts`): step k+1's rollouts are sampled in a background thread, with the
+weights of version v_k, while step k trains; the prefetch is awaited before the sync (no weight swap
+mid-generation), so every trained rollout is exactly one version stale (`rl/staleness`); rollouts more
+than `rl.max_staleness` versions old are dropped (`rl/stale_dropped`). The prefetched rollouts are
+saved in the checkpoint. On CPU the learner mesh must be one device (see `run_rl`).
+
 Determinism: the step's task draw, sampling seeds and minibatch shuffles are functions of
 (config.seed, step), so a run resumed from a checkpoint (params, optimizer, rng, competence table,
 task cursor, weight version) continues exactly as the uninterrupted run would have.
@@ -25,6 +31,7 @@ import functools
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import jax
@@ -114,19 +121,28 @@ def _load_init(config: Any, init: str | None, workdir: str) -> tuple[models.Mode
     if not os.path.isdir(init):
         raise RLSetupError(f"--init {init} is not a directory")
     hf_dir = init
-    if not os.path.isfile(os.path.join(init, "config.json")):
+    # A run directory also holds a config.json (the resolved experiment config): weights decide.
+    if not any(f.endswith(".safetensors") or f.endswith(".safetensors.index.json") for f in os.listdir(init)):
         from mpa_jax.export import export_checkpoint
 
         try:
             ckpt.find_step_dir(init)
         except ckpt.CheckpointError as e:
-            raise RLSetupError(f"--init {init} is neither an HF directory (config.json) nor an orbax checkpoint: {e}") from None
+            raise RLSetupError(f"--init {init} is neither an HF directory (safetensors) nor an orbax checkpoint: {e}") from None
         tok_dir = next((d for d in (os.path.join(init, "tokenizer"), os.path.join(os.path.dirname(os.path.abspath(init)), "tokenizer"))
                         if os.path.isdir(d)), None)
         hf_dir = export_checkpoint(init, os.path.join(workdir, "init_hf"), dtype="float32", tokenizer_dir=tok_dir)
     model = models.from_pretrained(hf_dir, dtype=str(config.model.param_dtype))
     cfg = model.cfg.replace(compute_dtype=str(config.model.compute_dtype), param_dtype=str(config.model.param_dtype))
     return cfg, jax.device_get(model.params), hf_dir
+
+
+def _learner_mesh(config: Any):
+    """The mesh of `config.mesh`; a mesh with no -1 axis takes the first devices it needs (a subset)."""
+    sizes = [int(config.mesh[a]) for a in sharding.MESH_AXES]
+    if -1 not in sizes and math.prod(sizes) < jax.device_count():
+        return sharding.make_mesh(config.mesh, devices=jax.devices()[: math.prod(sizes)])
+    return sharding.make_mesh(config.mesh)
 
 
 def make_rl_optimizer(rl: Any, total_updates: int):
@@ -161,14 +177,15 @@ def _compiled_step(cfg: models.ModelConfig, loss_key: tuple, opt_key: tuple, mic
                                    schedule=schedule, micro_batches=micro)
 
 
-def _make_engine(config: Any, cfg: models.ModelConfig, params: Any, version: int, workdir: str, tokenizer_dir: str | None):
+def _make_engine(config: Any, cfg: models.ModelConfig, params: Any, version: int, workdir: str, tokenizer_dir: str | None,
+                 vocab_limit: int | None = None):
     kind = str(config.rollout.engine)
     if kind == "jax":
         from mpa_jax.rollout.jax_engine import JaxEngine
         from mpa_jax.rollout.run import engine_replicas
 
         return JaxEngine(cfg, copy_params(params), max_batch=int(config.rollout.batch_size), weight_version=str(version),
-                         replicas=engine_replicas(config))
+                         replicas=engine_replicas(config), vocab_limit=vocab_limit)
     if kind == "sglang":
         from mpa_jax.rollout.sglang import SGLangEngine, hf_exporter
 
@@ -243,8 +260,9 @@ def run_rl(
     """
     rl = config.rl
     care.check_rl_config(rl)
-    if bool(rl.get("async_rollouts", False)):
-        raise RLSetupError("config.rl.async_rollouts=True is not implemented yet; set it to False")
+    async_mode = bool(rl.get("async_rollouts", False))
+    if async_mode and int(rl.max_staleness) < 1:
+        raise RLSetupError(f"config.rl.max_staleness={rl.max_staleness} must be >= 1 with config.rl.async_rollouts=True")
     total = int(rl.steps)
     stop_at = total if max_steps is None else min(total, int(max_steps))
     os.makedirs(workdir, exist_ok=True)
@@ -267,7 +285,12 @@ def run_rl(
     templates = sorted({t.template for t in tasks})
     key_id = {k: i for i, k in enumerate(templates)}
 
-    mesh = sharding.make_mesh(config.mesh)
+    mesh = _learner_mesh(config)
+    if async_mode and jax.default_backend() == "cpu" and mesh.size > 1:
+        # Seen here: XLA:CPU's collectives of a multi-device train step stall while the embedded engine's
+        # decode loop runs in another thread (host devices share one small thread pool).
+        raise RLSetupError(f"config.rl.async_rollouts=True on CPU needs a one-device learner mesh (e.g. --config.mesh.data=1);"
+                           f" this mesh has {mesh.size} devices")
     rules = sharding.rules_from_config(config)
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     replicated = NamedSharding(mesh, P())
@@ -292,8 +315,10 @@ def run_rl(
     resumed_from = None
     history: list[dict[str, float]] = []
     writer = None
+    pool = None
     try:
         latest = checkpointer.latest_step()
+        prefetched = None
         competence = care.CompetenceTable(float(rl.competence_ema), float(rl.competence_init))
         cursor = TaskCursor(tasks, int(config.seed))
         version, dropped_total = 0, 0
@@ -306,6 +331,8 @@ def run_rl(
             version, dropped_total = int(extra["weight_version"]), int(extra["infra_dropped"])
             start = int(extra["rl_step"])
             resumed_from = latest
+            if extra.get("prefetched") is not None:
+                prefetched = _Rollouts.from_dict(extra["prefetched"], tasks)
         else:
             if init_params is None:
                 state = statelib.create_sharded_state(lambda r: family.init_params(cfg, r), optimizer, int(config.seed), st_shardings)
@@ -321,13 +348,34 @@ def run_rl(
             ref_params = ref_state.params
             ref_fn = jax.jit(lambda p, b: policy_logprobs(cfg, p, b, temperature=temperature, chunk=chunk, vocab_limit=vocab_limit)[0])
 
-        engine = _make_engine(config, cfg, state.params, version, workdir, hf_dir)
+        engine = _make_engine(config, cfg, state.params, version, workdir, hf_dir, vocab_limit)
         writer = mlib.MetricsWriter(workdir)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="rl-rollouts") if async_mode else None
         for step in range(start, stop_at):
-            metrics, state, version, dropped = _one_step(
-                config, step, state, engine, tokenizer, cursor, competence, key_id, step_fn, ref_fn, ref_params,
-                row_shard, dp * micro, seq_len, version, env_factory,
-            )
+            t_wait = time.perf_counter()
+            if prefetched is not None and prefetched.step == step:
+                rollouts = prefetched
+            else:
+                rollouts = _collect(config, step, engine, tokenizer, cursor, env_factory)
+            t_wait = time.perf_counter() - t_wait
+            future = None
+            if pool is not None and step + 1 < stop_at:
+                # Step k+1's rollouts sample with the current weights while step k trains (staleness 1).
+                next_tasks = cursor.draw(int(rl.tasks_per_step))
+                future = pool.submit(_collect, config, step + 1, engine, tokenizer, None, env_factory, next_tasks)
+            stale = _drop_stale(rollouts, version, int(rl.max_staleness)) if async_mode else 0
+            try:
+                metrics, state, new_version, dropped = _one_step(
+                    config, step, state, engine, tokenizer, rollouts, competence, key_id, step_fn, ref_fn, ref_params,
+                    row_shard, dp * micro, seq_len, version,
+                    before_sync=(lambda: _wait(future)) if future is not None else None,
+                )
+            finally:
+                prefetched = _wait(future) if future is not None else None
+            version = new_version
+            metrics["rl/stale_dropped"] = float(stale)
+            metrics["time/rollout_wait_s"] = t_wait
+            metrics["rl/staleness"] = float(rollouts.staleness(version - (1 if metrics["rl/updates"] else 0)))
             dropped_total += dropped
             metrics["rl/infra_dropped_total"] = float(dropped_total)
             done = step + 1
@@ -340,12 +388,17 @@ def run_rl(
                 on_step(done, metrics, state, engine)
             final = done == stop_at
             if checkpointer.due(done, force=final):
+                # Async: the next step's rollouts (sampled with the weights before this step's update)
+                # are part of the state; saving them keeps the resume exact.
                 extra = {"competence": competence.to_dict(), "cursor": cursor.position, "weight_version": version,
-                         "infra_dropped": dropped_total, "rl_step": done}
+                         "infra_dropped": dropped_total, "rl_step": done,
+                         "prefetched": prefetched.to_dict() if prefetched is not None else None}
                 checkpointer.save(done, state, jax.device_put(jnp.asarray([cursor.position, version], jnp.int32), replicated),
                                   force=final, extra=extra)
         checkpointer.wait()
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
         if writer is not None:
             writer.close()
         checkpointer.close()
@@ -353,13 +406,60 @@ def run_rl(
                     metrics_path=os.path.join(workdir, "metrics.jsonl"), resumed_from=resumed_from)
 
 
-def _one_step(config, step, state, engine, tokenizer, cursor, competence, key_id, step_fn, ref_fn, ref_params,
-              row_shard, row_multiple, seq_len, version, env_factory):
-    rl = config.rl
+@dataclasses.dataclass
+class _Rollouts:
+    """One step's verified rollouts (infra failures already retried or dropped)."""
+
+    step: int
+    tasks: list[Any]
+    trajs: list[Any]
+    groups: list[int]
+    dropped: int
+    rollout_s: float
+
+    def staleness(self, learner_version: int) -> int:
+        """Learner weight version minus the oldest version any of these rollouts sampled with."""
+        used = [int(v) for t in self.trajs for v in (t.provenance.get("weight_versions") or [t.provenance.get("weight_version", 0)])]
+        return learner_version - min(used) if used else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "tasks": [t.id for t in self.tasks], "trajs": [t.to_dict() for t in self.trajs],
+                "groups": self.groups, "dropped": self.dropped, "rollout_s": self.rollout_s}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], tasks: Sequence[Any]) -> "_Rollouts":
+        from mpa_jax.envs.contract import Trajectory
+
+        by_id = {t.id: t for t in tasks}
+        return cls(int(d["step"]), [by_id[i] for i in d["tasks"]], [Trajectory.from_dict(t) for t in d["trajs"]],
+                   [int(g) for g in d["groups"]], int(d["dropped"]), float(d["rollout_s"]))
+
+
+def _collect(config, step, engine, tokenizer, cursor, env_factory, step_tasks=None) -> _Rollouts:
     t0 = time.perf_counter()
-    step_tasks = cursor.draw(int(rl.tasks_per_step))
+    if step_tasks is None:
+        step_tasks = cursor.draw(int(config.rl.tasks_per_step))
     trajs, groups, dropped = run_group_rollouts(engine, tokenizer, step_tasks, config, step, env_factory)
-    t_roll = time.perf_counter() - t0
+    return _Rollouts(step, list(step_tasks), trajs, groups, dropped, time.perf_counter() - t0)
+
+
+def _wait(future):
+    return future.result() if future is not None else None
+
+
+def _drop_stale(r: _Rollouts, version: int, max_staleness: int) -> int:
+    """Drop rollouts sampled with weights more than `max_staleness` versions behind `version`."""
+    keep = [i for i, t in enumerate(r.trajs)
+            if version - min(int(v) for v in (t.provenance.get("weight_versions") or [version])) <= max_staleness]
+    n = len(r.trajs) - len(keep)
+    r.trajs, r.groups = [r.trajs[i] for i in keep], [r.groups[i] for i in keep]
+    return n
+
+
+def _one_step(config, step, state, engine, tokenizer, rollouts, competence, key_id, step_fn, ref_fn, ref_params,
+              row_shard, row_multiple, seq_len, version, before_sync=None):
+    rl = config.rl
+    step_tasks, trajs, groups, dropped, t_roll = rollouts.tasks, rollouts.trajs, rollouts.groups, rollouts.dropped, rollouts.rollout_s
 
     t1 = time.perf_counter()
     keys = [step_tasks[g].template for g in groups]
@@ -397,6 +497,8 @@ def _one_step(config, step, state, engine, tokenizer, cursor, competence, key_id
     jax.block_until_ready(state.params)
     t_train = time.perf_counter() - t1
 
+    if before_sync is not None:
+        before_sync()  # async: the prefetch must not see a weight swap mid-generation
     t2 = time.perf_counter()
     if update_metrics:
         version += 1

@@ -6,16 +6,18 @@ Public API::
     rollout.SamplingParams(max_new_tokens, temperature, top_p, top_k, stop_token_ids, seed)
     rollout.RolloutEngine                      # protocol: generate(prompts, params, seeds) -> [GenerateResult],
                                                #           update_weights(params_or_hf_dir, version), weight_version
-    rollout.JaxEngine(cfg, params, mesh=None, rules=None, max_batch=16)   # embedded sampler (imports jax)
+    rollout.JaxEngine(cfg, params, mesh=None, rules=None, max_batch=16, vocab_limit=None)   # embedded sampler (imports jax)
+    engine.generate_rows(prompts, [SamplingParams per prompt], seeds, top_logprobs=0)     # mixed settings, one batch
     rollout.JaxEngine.from_pretrained(hf_dir)
     rollout.SGLangEngine(base_url, ...)        # SGLang 0.5.x native-API client (also talks to `mpa serve`)
     rollout.hf_exporter(cfg, tokenizer_dir)    # exporter= for SGLangEngine.update_weights(params, version)
     rollout.AgentLoopConfig(...); rollout.run_episodes(engine, tokenizer, tasks, env_factory, cfg) -> [Trajectory]
-    rollout.make_engine(config, checkpoint=None, workdir=None) -> engine   # from the `c.rollout` config
+    rollout.make_engine(config, checkpoint=None, tokenizer=tok) -> engine   # from the `c.rollout` config; never
+                                               # samples an id >= tokenizer.vocab_size (the vocabulary rule)
     rollout.run_rollouts(config, engine_or_checkpoint, tasks=None, out_path=None, ...) -> summary dict
     rollout.summarize(trajectories) -> summary dict (success by domain and category)
     rollout.format_comparison({"untrained": s0, "sft": s1}) -> str   # side-by-side success table
-    rollout.create_app(engine, tokenizer) / rollout.ServerThread(app)    # HTTP server (FastAPI)
+    rollout.create_app(engine, tokenizer) / rollout.ServerThread(app)    # `mpa serve` (FastAPI): SGLang-native + OpenAI
     rollout.sglang_launch_command(hf_dir, ...)  # `python -m sglang.launch_server ...` argv
 
 Importing this package does not import jax; `JaxEngine`, `make_engine` and `run_rollouts` load it

@@ -173,9 +173,10 @@ class JaxEngine:
 
     # ---- generation ------------------------------------------------------------------------------
 
-    def _program(self, n_new: int, greedy: bool, filtered: bool):
+    def _program(self, n_new: int, greedy: bool, filtered: bool, mixed: bool = False, n_top: int = 0):
         """The jitted generate program for a new-token bucket and sampling path (jax caches per shape)."""
-        return _jitted_generate(self.cfg, n_new, greedy, filtered, self.cache_dtype, self._replica_mesh, self.vocab_limit)
+        return _jitted_generate(self.cfg, n_new, greedy, filtered, self.cache_dtype, self._replica_mesh, self.vocab_limit,
+                                mixed, n_top)
 
     def generate(
         self,
@@ -184,41 +185,63 @@ class JaxEngine:
         seeds: Sequence[int] | None = None,
     ) -> list[GenerateResult]:
         """Continue every prompt (results in prompt order); see the module docstring for semantics."""
+        return self.generate_rows(prompts, [params] * len(prompts), seeds)
+
+    def generate_rows(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int] | None = None,
+        top_logprobs: int = 0,
+    ) -> list[GenerateResult]:
+        """`generate` with sampling settings per prompt (any mix of temperatures, filters, lengths and
+        stop ids shares one batch: what lets a server admit every waiting request into the next
+        engine call). `top_logprobs` > 0 also returns, per sampled token, that many most likely ids
+        and their log-probs (`GenerateResult.top_logprobs`). Row `i` uses `seeds[i]`, else
+        `params[i].seed + i`.
+        """
         prompts = [list(map(int, p)) for p in prompts]
+        params = list(params)
+        if len(params) != len(prompts):
+            raise ValueError(f"generate: {len(params)} sampling settings for {len(prompts)} prompts")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts)} prompts")
+        if not 0 <= int(top_logprobs) <= 64:
+            raise ValueError(f"generate: top_logprobs must be in [0, 64], got {top_logprobs}")
         vocab = self.cfg.vocab_size
-        for i, p in enumerate(prompts):
+        for i, (p, sp) in enumerate(zip(prompts, params)):
             if not p:
                 raise ValueError(f"generate: prompt {i} is empty")
             if min(p) < 0 or max(p) >= vocab:
                 raise ValueError(f"generate: prompt {i} has a token id outside [0, {vocab})")
-            if len(p) + params.max_new_tokens > self.cfg.max_position_embeddings:
+            if len(p) + sp.max_new_tokens > self.cfg.max_position_embeddings:
                 raise ValueError(
-                    f"generate: prompt {i} ({len(p)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds"
+                    f"generate: prompt {i} ({len(p)} tokens) + max_new_tokens ({sp.max_new_tokens}) exceeds"
                     f" max_position_embeddings ({self.cfg.max_position_embeddings})"
                 )
-        for t in params.stop_token_ids:
-            if not 0 <= t < vocab:
-                raise ValueError(f"generate: stop token id {t} outside [0, {vocab})")
-        row_seeds = [int(s) for s in seeds] if seeds is not None else [params.seed + i for i in range(len(prompts))]
+            for t in sp.stop_token_ids:
+                if not 0 <= t < vocab:
+                    raise ValueError(f"generate: stop token id {t} outside [0, {vocab})")
+        row_seeds = [int(s) for s in seeds] if seeds is not None else [sp.seed + i for i, sp in enumerate(params)]
         t0 = time.perf_counter()
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[GenerateResult | None] = [None] * len(prompts)
         for lo in range(0, len(order), self.max_batch):
             idx = order[lo : lo + self.max_batch]
-            chunk = self._generate_chunk([prompts[i] for i in idx], params, [row_seeds[i] for i in idx])
+            chunk = self._generate_chunk([prompts[i] for i in idx], [params[i] for i in idx], [row_seeds[i] for i in idx],
+                                         int(top_logprobs))
             for i, r in zip(idx, chunk):
                 results[i] = r
         self.device_s += time.perf_counter() - t0
         return [r for r in results if r is not None]
 
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[GenerateResult]:
+    def _generate_chunk(self, prompts: list[list[int]], params: list[SamplingParams], seeds: list[int],
+                        top_logprobs: int = 0) -> list[GenerateResult]:
         n = len(prompts)
         d = self._data_size
         b = -(-_bucket(n, 1) // d) * d  # a power of two, rounded up to split evenly over the data axes
         p_len = _bucket(max(len(p) for p in prompts), self.min_prompt_bucket)
-        n_new = _bucket(params.max_new_tokens, self.min_new_bucket)
+        n_new = _bucket(max(sp.max_new_tokens for sp in params), self.min_new_bucket)
         ids = np.zeros((b, p_len), np.int32)
         mask = np.zeros((b, p_len), np.int32)
         for r, p in enumerate(prompts):
@@ -229,28 +252,39 @@ class JaxEngine:
         mask[n:, -1] = 1  # filler rows: one real token so their attention is well defined
         seed_arr = np.zeros((b,), np.uint32)
         seed_arr[:n] = np.asarray(seeds, np.int64) % (2**32)
-        n_stop = _bucket(len(params.stop_token_ids), 4)
-        stops = np.full((n_stop,), -1, np.int32)
-        stops[: len(params.stop_token_ids)] = params.stop_token_ids
-        inputs = self._shard_batch((ids, mask, active, seed_arr))
-        scalars = (
-            jnp.int32(params.max_new_tokens),
-            jnp.float32(params.temperature),
-            jnp.int32(params.top_k),
-            jnp.float32(params.top_p),
-            jnp.asarray(stops),
-        )
-        program = self._program(n_new, params.greedy, params.filtered)
+        n_stop = _bucket(max(len(sp.stop_token_ids) for sp in params), 4)
+        stops = np.full((b, n_stop), -1, np.int32)
+        max_new = np.ones((b,), np.int32)
+        temperature = np.zeros((b,), np.float32)
+        top_k = np.full((b,), -1, np.int32)
+        top_p = np.ones((b,), np.float32)
+        for r, sp in enumerate(params):
+            stops[r, : len(sp.stop_token_ids)] = sp.stop_token_ids
+            max_new[r] = sp.max_new_tokens
+            temperature[r] = sp.temperature
+            top_k[r] = sp.top_k
+            top_p[r] = sp.top_p
+        greedy = all(sp.greedy for sp in params)
+        mixed = not greedy and any(sp.greedy for sp in params)
+        filtered = not greedy and any(sp.filtered and not sp.greedy for sp in params)
+        n_top = _bucket(top_logprobs, 1) if top_logprobs > 0 else 0
+        inputs = self._shard_batch((ids, mask, active, seed_arr, max_new, temperature, top_k, top_p, stops))
+        program = self._program(n_new, greedy, filtered, mixed, n_top)
         before = program._cache_size() if hasattr(program, "_cache_size") else 0
-        tokens, lps, n_gen, stopped = program(self.params, *inputs, *scalars)
+        outs = program(self.params, *inputs)
         if hasattr(program, "_cache_size") and program._cache_size() > before:
             self.compiles += 1
-        tokens, lps, n_gen, stopped = jax.device_get((tokens, lps, n_gen, stopped))
+        tokens, lps, n_gen, stopped = jax.device_get(outs[:4])
+        tops = jax.device_get(outs[4:]) if n_top else None
         out = []
         for r in range(n):
             k = int(n_gen[r])
             toks = [int(t) for t in tokens[r, :k]]
             is_stop = bool(stopped[r])
+            top = None
+            if tops is not None:
+                top = [[(int(i), float(v)) for i, v in zip(tops[0][r, j, :top_logprobs], tops[1][r, j, :top_logprobs])]
+                       for j in range(k)]
             out.append(
                 GenerateResult(
                     token_ids=toks,
@@ -259,6 +293,7 @@ class JaxEngine:
                     matched_stop=toks[-1] if is_stop else None,
                     prompt_tokens=len(prompts[r]),
                     weight_version=self._weight_version,
+                    top_logprobs=top,
                 )
             )
         return out
@@ -286,11 +321,13 @@ def _jitted_generate(
     cache_dtype: str | None,
     replica_mesh: jax.sharding.Mesh | None = None,
     vocab_limit: int | None = None,
+    mixed: bool = False,
+    n_top: int = 0,
 ):
     """One jitted program per (model config, new-token bucket, sampling path, replica mesh, vocabulary
-    limit), shared by every engine instance, so a new engine or new weights of the same architecture
-    never recompile."""
-    fn = functools.partial(_generate, cfg, n_new, greedy, filtered, cache_dtype, vocab_limit)
+    limit, top log-probs), shared by every engine instance, so a new engine or new weights of the same
+    architecture never recompile."""
+    fn = functools.partial(_generate, cfg, n_new, greedy, filtered, cache_dtype, vocab_limit, mixed, n_top)
     if replica_mesh is not None:
         from jax.sharding import PartitionSpec as P
 
@@ -298,8 +335,8 @@ def _jitted_generate(
         fn = jax.shard_map(
             fn,
             mesh=replica_mesh,
-            in_specs=(rep, rows, rows, rows, rows, rep, rep, rep, rep, rep),
-            out_specs=(rows, rows, rows, rows),
+            in_specs=(rep,) + (rows,) * 9,
+            out_specs=(rows,) * (6 if n_top else 4),
             check_vma=False,  # no collectives inside: each device's loop is its own
         )
     return jax.jit(fn)
@@ -312,6 +349,8 @@ def _generate(
     filtered: bool,
     cache_dtype: str | None,
     vocab_limit: int | None,
+    mixed: bool,
+    n_top: int,
     params: Any,
     ids: jax.Array,
     mask: jax.Array,
@@ -322,8 +361,10 @@ def _generate(
     top_k: jax.Array,
     top_p: jax.Array,
     stops: jax.Array,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Prefill + decode loop. Returns tokens [B, n_new], log-probs, tokens generated [B], stopped [B]."""
+) -> tuple[jax.Array, ...]:
+    """Prefill + decode loop. Sampling knobs, lengths and stop ids are per row ([B], stops [B, S]).
+    Returns tokens [B, n_new], log-probs, tokens generated [B], stopped [B] (+ top ids and top
+    log-probs [B, n_new, n_top] when n_top > 0)."""
     b, p_len = ids.shape
     params = models.decode_params(cfg, params)
     state = models.init_decode_state(cfg, b, p_len + n_new, cache_dtype)
@@ -334,27 +375,34 @@ def _generate(
     last_pos = positions[:, -1]
     ones = jnp.ones((b, 1), jnp.int32)
     logits, state = models.decode(cfg, params, ids[:, -1:], last_pos[:, None], state, ones)
+    max_new = jnp.where(active, max_new, 0)
+    longest = jnp.max(max_new)
 
     def cond(carry):
-        t, _, _, _, _, done, _, _ = carry
-        return (t < max_new) & ~jnp.all(done)
+        t, done = carry[0], carry[5]
+        return (t < longest) & ~jnp.all(done)
 
     def body(carry):
-        t, logits, state, out_tok, out_lp, done, n_gen, stopped = carry
-        tok, lp = sampling.sample_step(
-            sampling.mask_vocab(logits[:, 0], vocab_limit), keys, t, temperature, top_k, top_p, greedy=greedy, filtered=filtered
+        t, logits, state, out_tok, out_lp, done, n_gen, stopped, *tops = carry
+        picked = sampling.sample_step(
+            sampling.mask_vocab(logits[:, 0], vocab_limit), keys, t, temperature, top_k, top_p,
+            greedy=greedy, filtered=filtered, mixed=mixed, n_top=n_top,
         )
+        tok, lp = picked[0], picked[1]
         live = ~done
         tok = jnp.where(live, tok, 0)
         out_tok = jax.lax.dynamic_update_slice(out_tok, tok[:, None], (0, t))
         out_lp = jax.lax.dynamic_update_slice(out_lp, jnp.where(live, lp, 0.0)[:, None], (0, t))
+        if n_top:
+            tops = [jax.lax.dynamic_update_slice(tops[0], picked[2][:, None], (0, t, 0)),
+                    jax.lax.dynamic_update_slice(tops[1], picked[3][:, None], (0, t, 0))]
         n_gen = n_gen + live.astype(jnp.int32)
-        hit = live & jnp.any(tok[:, None] == stops[None, :], axis=1)
+        hit = live & jnp.any(tok[:, None] == stops, axis=1)
         stopped = stopped | hit
         done = done | hit | (t + 1 >= max_new)
         step_mask = (~done).astype(jnp.int32)[:, None]  # finished rows' filler tokens are never attended
         logits, state = models.decode(cfg, params, tok[:, None], (last_pos + t + 1)[:, None], state, step_mask)
-        return t + 1, logits, state, out_tok, out_lp, done, n_gen, stopped
+        return (t + 1, logits, state, out_tok, out_lp, done, n_gen, stopped, *tops)
 
     carry = (
         jnp.int32(0),
@@ -366,5 +414,7 @@ def _generate(
         jnp.zeros((b,), jnp.int32),
         jnp.zeros((b,), bool),
     )
-    _, _, _, out_tok, out_lp, _, n_gen, stopped = jax.lax.while_loop(cond, body, carry)
-    return out_tok, out_lp, n_gen, stopped
+    if n_top:
+        carry += (jnp.zeros((b, n_new, n_top), jnp.int32), jnp.zeros((b, n_new, n_top), jnp.float32))
+    out = jax.lax.while_loop(cond, body, carry)
+    return (out[3], out[4], out[6], out[7], *out[8:])

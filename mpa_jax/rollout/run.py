@@ -279,6 +279,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"mean output tokens {summary['mean_output_tokens']:.1f}  tool calls {summary['mean_tool_calls']:.2f}  "
         f"turns {summary['mean_turns']:.2f}  finish {summary['finish_reasons']}",
     ]
+    if summary.get("output_errors"):
+        lines.append(f"malformed turns {summary['output_errors']}")
     for key in ("by_category", "by_domain"):
         lines.append(key.replace("_", " ") + ":")
         for name, b in summary[key].items():

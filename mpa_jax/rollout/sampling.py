@@ -16,9 +16,16 @@ import jax
 import jax.numpy as jnp
 
 
+def _col(x: jax.Array) -> jax.Array:
+    """A scalar or per-row [B] knob as a column that broadcasts against [B, V]."""
+    return jnp.reshape(x, (-1, 1))
+
+
 def scaled_logits(logits: jax.Array, temperature: jax.Array) -> jax.Array:
-    """`logits / temperature` in float32; temperature 0 (greedy) leaves the logits unscaled."""
-    t = jnp.where(temperature > 0.0, temperature, 1.0).astype(jnp.float32)
+    """`logits / temperature` in float32; temperature (a scalar or per row [B]) 0 (greedy) leaves the
+    logits unscaled."""
+    t = _col(temperature)
+    t = jnp.where(t > 0.0, t, 1.0).astype(jnp.float32)
     return logits.astype(jnp.float32) / t
 
 
@@ -39,16 +46,18 @@ def mask_vocab(logits: jax.Array, vocab_limit: int | None) -> jax.Array:
 def filter_logits(z: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
     """Mask (to -inf) what top-k / top-p exclude; `top_k <= 0` and `top_p >= 1` disable each filter.
 
-    `z` is already temperature-scaled. The most likely token always survives.
+    `z` is already temperature-scaled; the knobs are scalars or per row [B]. The most likely token
+    always survives.
     """
     vocab = z.shape[-1]
     sorted_z = jnp.sort(z, axis=-1)[:, ::-1]  # descending
+    top_k = _col(top_k)
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab).astype(jnp.int32)
     kth = jnp.take_along_axis(sorted_z, jnp.broadcast_to(k - 1, (z.shape[0], 1)), axis=-1)
     probs = jax.nn.softmax(sorted_z, axis=-1)
     # Keep a sorted entry while the mass *before* it is below top_p (so the first always stays).
     mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep_sorted = mass_before < top_p
+    keep_sorted = mass_before < _col(top_p)
     n_keep = jnp.maximum(jnp.sum(keep_sorted, axis=-1, keepdims=True), 1)
     pth = jnp.take_along_axis(sorted_z, n_keep - 1, axis=-1)
     threshold = jnp.maximum(kth, pth)
@@ -124,11 +133,16 @@ def sample_step(
     *,
     greedy: bool,
     filtered: bool,
-) -> tuple[jax.Array, jax.Array]:
-    """Pick the next token for each row and return `(tokens [B] int32, logprobs [B] float32)`.
+    mixed: bool = False,
+    n_top: int = 0,
+) -> tuple[jax.Array, ...]:
+    """Pick the next token for each row and return `(tokens [B] int32, logprobs [B] float32)`, plus
+    `(top_ids [B, n_top], top_logprobs [B, n_top])` when `n_top > 0`.
 
-    `greedy` and `filtered` are static (they pick the compiled path); the numeric knobs are traced
-    so that changing them never recompiles.
+    `greedy`, `filtered`, `mixed` (some rows have temperature 0 while others sample) and `n_top` are
+    static (they pick the compiled path); the numeric knobs (scalars or per row [B]) are traced so
+    that changing them never recompiles. The top log-probs are of the same distribution as the
+    token's (logits / temperature over the allowed vocabulary).
     """
     # One max and one exp pass over [B, V] serve both the token choice and its log-prob
     # (log p = z_tok - max - log(sum exp(z - max))); each extra pass is a sizeable part of a small step.
@@ -139,5 +153,13 @@ def sample_step(
     else:
         tokens = argmax(z, zmax) if greedy else draw(filter_logits(z, top_k, top_p), row_uniforms(keys, step))
         total = jnp.sum(jnp.exp(z - zmax), axis=-1)
+    if mixed and not greedy:
+        # Rows at temperature 0 take the argmax of their (unscaled) logits.
+        is_greedy = jnp.broadcast_to(jnp.reshape(temperature, (-1,)), tokens.shape) <= 0.0
+        tokens = jnp.where(is_greedy, argmax(z, zmax), tokens)
     picked = zmax[:, 0] if greedy else jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0]
-    return tokens, picked - zmax[:, 0] - jnp.log(total)
+    lse = zmax[:, 0] + jnp.log(total)
+    if n_top <= 0:
+        return tokens, picked - lse
+    top_z, top_ids = jax.lax.top_k(z, n_top)
+    return tokens, picked - lse, top_ids.astype(jnp.int32), top_z - lse[:, None]

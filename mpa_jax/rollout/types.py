@@ -88,6 +88,8 @@ class GenerateResult:
     prompt_tokens: int = 0
     weight_version: str = ""
     error: str = ""
+    # Per sampled token, the most likely (id, log-prob) pairs of the same distribution, when asked for.
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

@@ -1,0 +1,359 @@
+"""The `mpa serve` FastAPI app: routes over a `RolloutEngine`, its tokenizer and the batcher.
+
+Endpoints (the SGLang 0.5.x native subset documented in `mpa_jax.rollout.sglang`, plus OpenAI):
+
+    POST /generate                  input_ids (list or list of lists) or text; sampling_params (object or
+                                    one per prompt); return_logprob. One object per prompt (a list for a
+                                    batch), with output_ids, text and meta_info as SGLang returns them.
+    POST /update_weights_from_disk  {"model_path": dir, "weight_version": v} -> {"success", "message"}
+    POST|GET /flush_cache           200 when idle, 400 while requests are running (as SGLang)
+    GET  /health                    200 when the process is up
+    GET  /health_generate           200 after a one-token generation succeeds, else 503
+    GET  /model_info, /get_model_info
+    GET  /v1/models, /v1/models/{id}
+    POST /v1/chat/completions       OpenAI chat with tools: tool calls come back parsed as
+                                    `message.tool_calls`; stream, n, logprobs/top_logprobs, stop, seed, usage
+    POST /v1/completions            OpenAI (legacy) completions: prompt as text or token ids; the same options
+
+Streaming (`stream: true`) answers with server-sent events in OpenAI's chunk format, ending with
+`data: [DONE]`. The engine generates a whole choice in one call (its decode loop is one compiled
+program), so a stream's events are sent once that call returns: one content delta per token, tool-call
+deltas, the finish reason, then usage when `stream_options.include_usage` is set.
+
+Errors: a bad request is HTTP 400 with `{"error": {"message", "field", "code"}}` naming the field
+(non-finite or out-of-range numbers, options this server does not implement); an engine failure is
+503; anything else is 500 with the exception's class and message, never a traceback.
+"""
+# No `from __future__ import annotations`: FastAPI reads the route signatures' annotations at runtime
+# (`Request` is imported inside create_app).
+import asyncio
+import contextlib
+import os
+import secrets
+import time
+import uuid
+from typing import Any
+
+from mpa_jax.rollout.server import openai as oa
+from mpa_jax.rollout.server.batcher import Batcher
+from mpa_jax.rollout.server.protocol import (
+    DEFAULT_MAX_NEW_TOKENS,
+    OpenAIRequest,
+    RequestError,
+    parse_chat_request,
+    parse_completion_request,
+    parse_sampling,
+    prompt_list,
+)
+from mpa_jax.rollout.types import EngineError, GenerateResult, RolloutEngine, SamplingParams
+
+
+def sglang_item(result: GenerateResult, text: str | None, return_logprob: bool, rid: str) -> dict[str, Any]:
+    """One SGLang 0.5.x `/generate` response object."""
+    if result.finish_reason == "stop":
+        finish: dict[str, Any] = {"type": "stop", "matched": result.matched_stop}
+    elif result.finish_reason == "length":
+        finish = {"type": "length", "length": len(result.token_ids)}
+    else:
+        finish = {"type": "abort", "message": result.error}
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": len(result.token_ids),
+        "cached_tokens": 0,
+        "weight_version": result.weight_version,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(result.logprobs, result.token_ids)]
+    return {"text": text if text is not None else "", "output_ids": result.token_ids, "meta_info": meta}
+
+
+def create_app(
+    engine: RolloutEngine,
+    tokenizer: Any = None,
+    *,
+    model_path: str = "",
+    served_model_name: str = "mpa",
+    max_batch: int = 8,
+    default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    batch_wait_s: float = 0.002,
+) -> Any:
+    """The FastAPI app serving `engine` (and `tokenizer` for text, chat and completion endpoints).
+
+    `max_batch`: rows per engine call (requests waiting are admitted up to it); `batch_wait_s`: how
+    long an idle server waits after a request arrives for others to merge with it.
+    """
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    batcher: Batcher | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Any):
+        yield
+        # On shutdown, let a running engine call finish first: its worker thread hands the result to
+        # this event loop, which must still be open then.
+        if batcher is not None:
+            await batcher.wait_idle()
+
+    app = FastAPI(title="mpa serve", version="0.2.0", lifespan=lifespan)
+    state = {"model_path": model_path}
+    default_stop = list(getattr(tokenizer, "eos_token_ids", []) or [])
+    chat_stop = [tokenizer.token_id("<|im_end|>")] if tokenizer is not None and "<|im_end|>" in _vocab(tokenizer) else default_stop
+
+    def get_batcher() -> Batcher:
+        nonlocal batcher
+        if batcher is None:  # created inside the running loop (asyncio primitives bind to it)
+            batcher = Batcher(engine, max_batch, batch_wait_s)
+        return batcher
+
+    app.state.get_batcher = get_batcher
+
+    def error(status: int, message: str, field: str | None = None) -> JSONResponse:
+        err: dict[str, Any] = {"message": message, "type": "invalid_request_error" if status == 400 else "server_error",
+                               "code": status, "param": field}
+        if field is not None:
+            err["field"] = field
+        return JSONResponse({"error": err}, status_code=status)
+
+    async def json_body(request: Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise RequestError("body", "not valid JSON") from None
+        if not isinstance(body, dict):
+            raise RequestError("body", "expected a JSON object")
+        return body
+
+    @app.exception_handler(RequestError)
+    async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
+        return error(400, f"{exc.field}: {exc.message}", exc.field)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error(400, f"invalid request: {exc.errors()[:1]}", "body")
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
+        return error(503, f"engine error: {exc}")
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        return error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    def fresh_seed() -> int:
+        return secrets.randbits(31)
+
+    def decode(ids: list[int]) -> str | None:
+        return tokenizer.decode(ids) if tokenizer is not None else None
+
+    def check_prompt(p: list[int], max_new: int, where: str, max_field: str) -> None:
+        vocab, max_pos = _vocab_limit(engine, tokenizer), _max_positions(engine)
+        bad = next((t for t in p if t >= vocab), None)
+        if bad is not None:
+            raise RequestError(where, f"token id {bad} outside the vocabulary (size {vocab})")
+        if len(p) + max_new > max_pos:
+            raise RequestError(max_field, f"{len(p)} prompt tokens + {max_new} new tokens exceed the context ({max_pos})")
+
+    async def run(prompts: list[list[int]], params: SamplingParams, n: int, seed: int | None, top: int) -> list[GenerateResult]:
+        """n choices per prompt (choice j of prompt i at index i*n + j); seeds seed+k when given."""
+        if top and not get_batcher().supports_top_logprobs:
+            raise RequestError("top_logprobs", f"not supported by this engine ({type(engine).__name__})")
+        rows = [p for p in prompts for _ in range(n)]
+        seeds = [seed + k if seed is not None else fresh_seed() for k in range(len(rows))]
+        try:
+            return await get_batcher().submit(rows, params, seeds, top)
+        except ValueError as e:  # the engine's own checks (shapes, limits) name the input
+            raise RequestError("prompt", str(e)) from None
+
+    # ---- health and info ---------------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/health_generate")
+    async def health_generate() -> JSONResponse:
+        try:
+            await get_batcher().submit([[0]], SamplingParams(max_new_tokens=1, temperature=0.0), [0])
+        except Exception as e:  # noqa: BLE001 - any failure means unhealthy
+            return error(503, f"generation failed: {type(e).__name__}: {e}")
+        return JSONResponse({"status": "ok"})
+
+    def info() -> dict[str, Any]:
+        return {
+            "model_path": state["model_path"],
+            "tokenizer_path": state["model_path"] if tokenizer is not None else None,
+            "is_generation": True,
+            "served_model_name": served_model_name,
+            "weight_version": engine.weight_version,
+            "max_batch": max_batch,
+            "engine": type(engine).__name__,
+        }
+
+    @app.get("/model_info")
+    async def model_info() -> dict[str, Any]:
+        return info()
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        return info()
+
+    def model_card() -> dict[str, Any]:
+        return {"id": served_model_name, "object": "model", "created": 0, "owned_by": "mpa",
+                "max_model_len": _max_positions(engine), "weight_version": engine.weight_version}
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id}")
+    async def get_model(model_id: str) -> JSONResponse:
+        if model_id != served_model_name:
+            return error(404, f"model {model_id!r} not found; this server serves {served_model_name!r}", "model")
+        return JSONResponse(model_card())
+
+    # ---- weights -----------------------------------------------------------------------------------
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> JSONResponse:
+        if get_batcher().busy:
+            return error(400, "Cache not flushed: requests are still running; retry when they finish.")
+        return JSONResponse({"success": True, "message": "Cache flushed."})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(request: Request) -> JSONResponse:
+        body = await json_body(request)
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise RequestError("model_path", "required: an exported HF checkpoint directory")
+        if not os.path.isdir(path):
+            raise RequestError("model_path", f"not a directory: {path}")
+        version = body.get("weight_version")
+        version = str(version) if version is not None else os.path.basename(os.path.normpath(path))
+        try:
+            async with get_batcher().lock:
+                await asyncio.to_thread(engine.update_weights, path, version)
+        except Exception as e:  # noqa: BLE001 - report as SGLang does
+            return JSONResponse({"success": False, "message": f"{type(e).__name__}: {e}", "num_paused_requests": 0}, status_code=400)
+        state["model_path"] = path
+        return JSONResponse({"success": True, "message": f"loaded {path} as weight version {version}", "num_paused_requests": 0})
+
+    # ---- SGLang-native generate --------------------------------------------------------------------
+
+    @app.post("/generate")
+    async def generate(request: Request) -> JSONResponse:
+        body = await json_body(request)
+        if body.get("stream"):
+            raise RequestError("stream", "streaming is not supported on /generate; use the OpenAI endpoints")
+        prompts, batch = prompt_list(body, tokenizer)
+        sp = body.get("sampling_params")
+        if isinstance(sp, list):
+            if len(sp) != len(prompts):
+                raise RequestError("sampling_params", f"{len(sp)} entries for {len(prompts)} prompts")
+            parsed = [parse_sampling(s, f"sampling_params[{i}]", default_stop) for i, s in enumerate(sp)]
+        else:
+            parsed = [parse_sampling(sp, "sampling_params", default_stop)] * len(prompts)
+        return_logprob = body.get("return_logprob", False)
+        if not isinstance(return_logprob, bool):
+            raise RequestError("return_logprob", "expected true or false")
+        vocab = _vocab_limit(engine, tokenizer)
+        for i, (p, (sp_i, _)) in enumerate(zip(prompts, parsed)):
+            where = f"input_ids[{i}]" if batch else "input_ids"
+            check_prompt(p, sp_i.max_new_tokens, where, where)
+            if any(t >= vocab for t in sp_i.stop_token_ids):
+                raise RequestError("sampling_params.stop_token_ids", f"a stop token id is outside the vocabulary (size {vocab})")
+        seeds = [s if s is not None else fresh_seed() for _, s in parsed]
+        try:
+            results = await get_batcher().submit(prompts, [p for p, _ in parsed], seeds)
+        except ValueError as e:
+            raise RequestError("input_ids", str(e)) from None
+        rid = body.get("rid") or uuid.uuid4().hex
+        items = [sglang_item(r, decode(r.token_ids), return_logprob, f"{rid}-{i}" if batch else str(rid))
+                 for i, r in enumerate(results)]
+        return JSONResponse(items if batch else items[0])
+
+    # ---- OpenAI ------------------------------------------------------------------------------------
+
+    def need_tokenizer(what: str) -> None:
+        if tokenizer is None:
+            raise RequestError("model", f"this server has no tokenizer; {what} need one")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        need_tokenizer("chat completions")
+        from mpa_jax import tokenizer as tk
+
+        body = await json_body(request)
+        req, messages = parse_chat_request(body, tokenizer, default_max_new_tokens, chat_stop, served_model_name)
+        try:
+            prompt = tk.generation_prompt_ids(tokenizer, messages, req.tools)
+        except Exception as e:  # noqa: BLE001 - template errors name the message at fault
+            raise RequestError("messages", f"cannot render the chat: {e}") from None
+        max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        check_prompt(prompt, req.params.max_new_tokens, "messages", max_field)
+        results = await run([prompt], req.params, req.n, req.seed, req.logprobs or 0)
+        outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
+        shaped = [oa.chat_message(tokenizer, o, req.tools) for o in outs]
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        fingerprint = f"mpa-{engine.weight_version}"
+        use = oa.usage(len(prompt), sum(o.completion_tokens for o in outs))
+        if req.stream:
+            events = oa.chat_stream(tokenizer, outs, shaped, rid=rid, model=req.model, fingerprint=fingerprint,
+                                    top_n=req.logprobs, usage_obj=use if req.include_usage else None)
+            return StreamingResponse(events, media_type="text/event-stream")
+        choices = [
+            {"index": i, "message": msg, "finish_reason": finish,
+             "logprobs": oa.chat_logprobs(tokenizer, o, req.logprobs) if req.logprobs is not None else None}
+            for i, (o, (msg, finish)) in enumerate(zip(outs, shaped))
+        ]
+        return JSONResponse({"id": rid, "object": "chat.completion", "created": int(time.time()), "model": req.model,
+                             "system_fingerprint": fingerprint, "choices": choices, "usage": use,
+                             "weight_version": engine.weight_version})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        need_tokenizer("completions")
+        body = await json_body(request)
+        req: OpenAIRequest = parse_completion_request(body, tokenizer, default_stop, served_model_name)
+        max_field = "max_tokens"
+        for i, p in enumerate(req.prompts):
+            check_prompt(p, req.params.max_new_tokens, f"prompt[{i}]" if len(req.prompts) > 1 else "prompt", max_field)
+        results = await run(req.prompts, req.params, req.n, req.seed, req.logprobs or 0)
+        outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        fingerprint = f"mpa-{engine.weight_version}"
+        use = oa.usage(sum(len(p) for p in req.prompts), sum(o.completion_tokens for o in outs))
+        if req.stream:
+            events = oa.completion_stream(tokenizer, outs, rid=rid, model=req.model, fingerprint=fingerprint,
+                                          top_n=req.logprobs, usage_obj=use if req.include_usage else None)
+            return StreamingResponse(events, media_type="text/event-stream")
+        choices = [
+            {"index": i, "text": o.text, "finish_reason": o.finish_reason,
+             "logprobs": oa.completion_logprobs(tokenizer, o, req.logprobs) if req.logprobs is not None else None}
+            for i, o in enumerate(outs)
+        ]
+        return JSONResponse({"id": rid, "object": "text_completion", "created": int(time.time()), "model": req.model,
+                             "system_fingerprint": fingerprint, "choices": choices, "usage": use})
+
+    return app
+
+
+def _vocab(tokenizer: Any) -> Any:
+    vocab = getattr(tokenizer, "_vocab", None)
+    return vocab if vocab is not None else {}
+
+
+def _vocab_limit(engine: Any, tokenizer: Any) -> int:
+    """Ids a prompt may hold: the engine's vocabulary limit, else the model's vocabulary."""
+    limit = getattr(engine, "vocab_limit", None)
+    if limit is None:
+        limit = getattr(getattr(engine, "cfg", None), "vocab_size", None)
+    return int(limit) if limit is not None else 1 << 62
+
+
+def _max_positions(engine: Any) -> int:
+    cfg = getattr(engine, "cfg", None)
+    return int(getattr(cfg, "max_position_embeddings", 1 << 62))
