@@ -29,6 +29,7 @@ demo: install
 	$(BIN)/mpa demo --config configs/tiny.py
 
 test: install-test
+	command -v adb >/dev/null || (apt-get update && apt-get install -y adb)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 bench: install-test

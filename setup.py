@@ -43,7 +43,7 @@ setup(
         "mpa_jax.envs": "envs",
         "mpa_jax.harness": "harness",
     },
-    package_data={"mpa_jax.envs": ["data/*.json"]},
+    package_data={"mpa_jax.envs": ["data/*.json"], "mpa_jax.harness": ["skills/*.json"]},
     install_requires=CORE,
     extras_require={
         "test": [
@@ -52,7 +52,10 @@ setup(
             "hypothesis>=6.100",
             "transformers==5.24.0",
             "torch==2.13.0",
+            "mcp>=2.3,<3",
+            "adbutils>=2.8",  # tests/test_adb*.py drive the real adb server through it
         ],
+        "harness": ["mcp>=2.3,<3"],
         "serve": ["fastapi>=0.115", "uvicorn>=0.30"],
         "cuda": ["jax[cuda12]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],

@@ -130,4 +130,56 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
+
+    # Harness (DESIGN §5): the runtime between planner and env. enabled=False: raw planner + env (ablations).
+    c.harness = ml_collections.ConfigDict()
+    c.harness.enabled = False
+    c.harness.tools = "task"  # task: the task's tool list | catalog: top-k of the whole catalog by retrieval
+    c.harness.top_k = 8  # tools handed to the planner in catalog mode
+    c.harness.normalise = True  # schema normalisers (types, enum case, whitespace) + approved argument rewrites
+    c.harness.skills = True  # retrieve relevant skills into the system prompt
+    c.harness.skills_dir = ""  # extra skill files (the shipped ones in harness/skills/ are always read)
+    c.harness.max_skills = 2
+    c.harness.context_tokens = 3000  # budget for prior history in the first prompt (oldest turns dropped first)
+    c.harness.subagents = False  # run `delegate` as a sub-agent planner call with the role's own context and tools
+    c.harness.subagent_turns = 6
+    c.harness.store = ""  # SQLite trace store (WAL); empty = traces are not recorded
+    c.harness.root = "runs/harness"  # proposals and harness versions on disk (`mpa harness mine/review`)
+    c.harness.version_dir = ""  # an approved harness version to run under (normalisers, skills, descriptions)
+    c.harness.mcp = ""  # MCP servers to start over stdio, ";"-separated commands ("python srv.py; node x.js")
+    c.harness.mcp_allow = "*"  # comma-separated MCP tool names the planner may call ("*" = all)
+    c.harness.mcp_timeout_s = 20.0
+    c.harness.memory = False  # memory tools + memory context (harness/memory, issue 15) as a tool provider
+    c.harness.memory_store = ""  # one persistent memory store for all episodes; empty = per-episode, from the task's history
+    c.harness.memory_tokens = 512  # budget of the memory block in the system prompt
+    c.harness.review = ml_collections.ConfigDict()
+    c.harness.review.policy = "manual"  # manual | auto (experiments only: the version manifest says so)
+
+    # Environments (issue 16): kwargs per env kind reach make_env(kind, config=c); `concurrency` and
+    # `timeout_s` are the worker pool's per-kind limits; `mixture` weights the kinds' episodes.
+    c.envs = ml_collections.ConfigDict()
+    c.envs.kind = "sandbox"  # what `mpa oracle` / `mpa rollout` run on (--env)
+    c.envs.mixture = ml_collections.ConfigDict({"sandbox": 1.0, "simulated": 0.0, "adb": 0.0})
+    # sandbox calls are sub-ms CPU work: inline (concurrency 0) beats threads (bench/sandbox.py)
+    c.envs.sandbox = ml_collections.ConfigDict({"fault_injection": True, "concurrency": 0, "timeout_s": 30.0})
+    c.envs.simulated = ml_collections.ConfigDict({"backend": "deterministic", "max_retries": 2, "concurrency": 16,
+                                                  "timeout_s": 120.0})
+    c.envs.adb = ml_collections.ConfigDict({"device": "", "adb_port": 5037, "command_timeout_s": 10.0,
+                                            "reconnect_attempts": 5, "concurrency": 1, "timeout_s": 60.0})
+    # Long-history memory (harness/memory; `mpa memory suite|eval`).
+    c.memory = ml_collections.ConfigDict()
+    c.memory.seed = 0  # suite generator seed
+    c.memory.persona_seed = 0  # the sandbox persona whose world the histories talk about
+    c.memory.per_ability = 10  # questions per BEAM ability in a suite
+    c.memory.paraphrase = 0.3  # share of update/instruction/preference questions worded unlike the history
+    c.memory.budget_tokens = 2048  # context budget of memory and of the long-context baseline (ceil(chars/4))
+    c.memory.reader = "scripted"  # scripted | openai | none (answer accuracy in `mpa memory eval`)
+    c.memory.path = ""  # harness: "" = one in-memory store per episode (its Task's history); else a persistent store
+    c.memory.context_tokens = 512  # harness: memory block added to the planner's system prompt
+    c.memory.store = ml_collections.ConfigDict()
+    c.memory.store.recency_weight = 0.3
+    c.memory.store.entity_weight = 1.0
+    c.memory.store.candidates = 64  # bm25 candidates re-ranked per query
+    c.memory.store.min_coverage = 0.5  # abstain below this idf-weighted coverage (queries without known entities)
+    c.memory.store.rank_limit = 500  # bm25-rank candidates up to this many matches; past it, the newest
     return c

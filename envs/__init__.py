@@ -5,8 +5,6 @@
     env = make_env("sandbox")
     obs = env.reset(tasks[0]); fb = env.step(Action.tool_call(...)); v = env.verify(); env.close()
 """
-from typing import Any
-
 from mpa_jax.envs.contract import (  # noqa: F401
     CATEGORIES,
     DOMAINS,
@@ -31,16 +29,4 @@ from mpa_jax.envs.oracle import OracleEpisode, run_oracle_episode  # noqa: F401
 from mpa_jax.envs.render import action_to_message, feedback_to_message, message_to_actions, tool_call_to_action  # noqa: F401
 from mpa_jax.envs.sandbox import SandboxEnv, task_tool_specs  # noqa: F401
 
-ENV_KINDS: dict[str, Any] = {"sandbox": SandboxEnv}
-
-
-def make_env(kind: str = "sandbox", **kwargs: Any) -> Any:
-    """An environment by kind ("sandbox" now; "simulated" and "adb" are registered by later modules)."""
-    if kind not in ENV_KINDS:
-        raise ValueError(f"unknown env kind {kind!r} (available: {', '.join(sorted(ENV_KINDS))})")
-    return ENV_KINDS[kind](**kwargs)
-
-
-def register_env(kind: str, factory: Any) -> None:
-    """Register another env kind (simulated, adb, ...) for make_env."""
-    ENV_KINDS[kind] = factory
+from mpa_jax.envs.base import ENV_KINDS, Env, env_kwargs, make_env, register_env  # noqa: F401,E402

@@ -23,6 +23,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("mpa_jax.commands.rollout", "run the agent loop over a task split and write trajectories"),
     "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat)"),
     "demo": ("mpa_jax.commands.demo", "the end-to-end path on the embedded default"),
+    "harness": ("mpa_jax.commands.harness", "the harness: tools registry, tool calls, trace mining, review, eval"),
+    "device": ("mpa_jax.commands.device", "emulate an Android device over adb, or run one tool on a device"),
+    "memory": ("mpa_jax.commands.memory", "long-history memory: write BEAM-style suites, evaluate memory vs long context"),
 }
 
 

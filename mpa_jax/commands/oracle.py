@@ -20,6 +20,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default=None, help="task split: train | dev | test, or a task JSONL (default: config.oracle.split)")
     parser.add_argument("--out", default=None, help="trajectory JSONL to write (default: <workdir>/oracle-<split>.jsonl)")
     parser.add_argument("--max-tasks", type=int, default=None, help="at most this many tasks (default: config.oracle.max_tasks; 0 = all)")
+    add_env_arguments(parser)
+
+
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--env KIND` and `--device SERIAL` (shared by oracle and rollout)."""
+    parser.add_argument("--env", default=None, choices=("sandbox", "adb"), help="env kind (default: config.envs.kind or sandbox)")
+    parser.add_argument("--device", default=None, help="device serial for --env adb (default: config.envs.adb.device)")
+
+
+def apply_env_arguments(args: argparse.Namespace, config: Any) -> str:
+    """Fold --env/--device into the config (`config.envs.kind`, `config.envs.adb.device`); returns the kind."""
+    from mpa_jax.cli import UserError
+
+    kind = args.env or str(config.get("envs", {}).get("kind", "sandbox"))
+    if "envs" in config:
+        with config.unlocked():
+            config.envs.kind = kind
+        if args.device:
+            config.envs.adb.device = args.device
+    if kind == "simulated":
+        raise UserError("simulated envs are for training only: the benchmark (oracle/rollout over task splits)"
+                        " refuses simulated episodes")
+    if kind == "adb" and not (args.device or ("envs" in config and str(config.envs.adb.device))):
+        raise UserError("--env adb needs --device SERIAL (or config.envs.adb.device)")
+    return kind
 
 
 def _seed_for(base: int, task_index: int, variant: int) -> int:
@@ -27,7 +52,8 @@ def _seed_for(base: int, task_index: int, variant: int) -> int:
     return (base * 1_000_003 + task_index * 97 + variant) % (2**31)
 
 
-def episode_to_trajectory(tok: Any, task: Any, episode: Any, seed: int, vocab_limit: int | None = None) -> Trajectory:
+def episode_to_trajectory(tok: Any, task: Any, episode: Any, seed: int, vocab_limit: int | None = None,
+                          env_kind: str = "sandbox") -> Trajectory:
     """Encode one oracle episode as a Trajectory (token-in/token-out: the template renders the chat once)."""
     from mpa_jax.tokenizer import encode_chat
 
@@ -44,7 +70,8 @@ def episode_to_trajectory(tok: Any, task: Any, episode: Any, seed: int, vocab_li
         verification=episode.verification,
         costs={"output_tokens": float(n_out), "input_tokens": float(len(ids) - n_out),
                "tool_calls": float(sum(1 for s in episode.steps if s.action.kind == "tool_call"))},
-        provenance={"task": task.id, "env": "sandbox", "planner": "oracle", "weight_version": "", "harness_version": "",
+        infra_failure=bool(episode.verification and episode.verification.infra_error),
+        provenance={"task": task.id, "env": env_kind, "planner": "oracle", "weight_version": "", "harness_version": "",
                     "template": task.template, "domain": task.domain, "category": task.category, "seed": seed},
         messages=list(episode.messages),
         finish_reason="stop",
@@ -81,7 +108,8 @@ def make_oracle_trajectories(
     if not tasks:
         raise ValueError(f"split {split!r} has no tasks")
 
-    env = make_env("sandbox")
+    kind = str(config.get("envs", {}).get("kind", "sandbox"))
+    env = make_env(kind, config=config) if kind != "sandbox" else make_env("sandbox")
     stats: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     total = collections.Counter()
     t0 = time.perf_counter()
@@ -92,8 +120,13 @@ def make_oracle_trajectories(
             for i, task in enumerate(tasks):
                 for v in range(variants):
                     seed = _seed_for(int(config.seed), i, v)
-                    episode = run_oracle_episode(env, task, seed=seed)
-                    traj = episode_to_trajectory(tok, task, episode, seed, vocab)
+                    try:
+                        episode = run_oracle_episode(env, task, seed=seed)
+                    except Exception as e:  # noqa: BLE001 - a device lost at reset: the episode is infra, the run goes on
+                        stats["infra"].update(episodes=1)
+                        print(f"{task.id}: infra: {type(e).__name__}: {e}")
+                        continue
+                    traj = episode_to_trajectory(tok, task, episode, seed, vocab, kind)
                     f.write(traj.to_json() + "\n")
                     ok = bool(traj.verification and traj.verification.success)
                     for key in (task.category, "all"):
@@ -141,6 +174,7 @@ def _print_summary(out: str, stats: dict[str, collections.Counter], seconds: flo
 def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.cli import UserError
 
+    apply_env_arguments(args, config)
     try:
         make_oracle_trajectories(config, args.workdir, args.split, args.max_tasks, args.out)
     except ValueError as e:  # ContractError, tokenizer/vocab mismatch, empty split

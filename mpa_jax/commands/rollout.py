@@ -10,6 +10,7 @@ import argparse
 import os
 from typing import Any
 
+from mpa_jax.commands.oracle import add_env_arguments, apply_env_arguments
 from mpa_jax.envs.contract import SPLITS
 
 
@@ -20,12 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tasks", type=int, default=None, help="first N tasks of the split (default: config.rollout.max_tasks; 0 = all)")
     parser.add_argument("--sample", action="store_true", help="sample at config.rollout.temperature instead of greedy evaluation")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: config.seed)")
+    add_env_arguments(parser)
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.cli import UserError
     from mpa_jax.rollout.run import RolloutSetupError, format_summary, run_rollouts
 
+    if apply_env_arguments(args, config) == "adb":
+        config.rollout.batch_size = 1  # one device holds one episode at a time
     split = args.split or str(config.rollout.split)
     if split not in SPLITS and not os.path.isfile(split):
         raise UserError(f"--split {split!r} is neither one of {', '.join(SPLITS)} nor a task JSONL file")

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence
 
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Step, Task, Trajectory, Verification
@@ -131,16 +132,23 @@ def run_episodes(
     env_factory: Callable[[], Any],
     cfg: AgentLoopConfig | None = None,
     on_done: Callable[[Trajectory], None] | None = None,
+    env_pool: Any = None,
 ) -> list[Trajectory]:
     """Run one episode per task (in task order in the result) and return their Trajectories.
 
     `env_factory()` makes a fresh env per episode (closed at the end). `on_done` is called as each
-    episode finishes (progress bars, streaming writes).
+    episode finishes (progress bars, streaming writes). `env_pool` (`envs.pool.EnvPool`; default: the
+    sandbox inline, other kinds 8 threads / 60 s) steps the episodes of a round concurrently, with
+    per-kind concurrency limits; a step past its kind's timeout is TIMEOUT Feedback (the episode is infra).
     """
     from mpa_jax import tokenizer as tk
     from mpa_jax.envs.render import action_to_message, feedback_to_message, tool_call_to_action
 
+    from mpa_jax.envs.pool import EnvPool, KindLimits
+
     cfg = cfg or AgentLoopConfig()
+    pool = env_pool if env_pool is not None else EnvPool({"sandbox": KindLimits(0, 30.0)})
+    step = lambda env, action: pool.step_all([(env, action)])[0]  # noqa: E731
     im_end = tokenizer.token_id("<|im_end|>")
     stop_ids = (im_end,)  # the template ends every assistant turn with it (module docstring)
     controls = _control_tokens(tokenizer, im_end)
@@ -212,18 +220,30 @@ def run_episodes(
                     finish(ep, "infra")
                 continue
             share = (time.perf_counter() - t0) / len(eps)
-            for ep, out in zip(eps, outs):
+
+            def after(ep: _Episode, out: GenerateResult) -> bool:
                 ep.device_s += share
                 try:
-                    ended = _after_generate(ep, out, tokenizer, controls, cfg, action_to_message, feedback_to_message,
-                                            tool_call_to_action)
+                    return _after_generate(ep, out, tokenizer, controls, cfg, action_to_message, feedback_to_message,
+                                           tool_call_to_action, step)
                 except Exception as e:  # noqa: BLE001 - a bug on one episode must not lose the others
                     ep.infra = f"agent loop error: {type(e).__name__}: {e}"
                     ep.finish_reason = "infra"
-                    ended = True
+                    return True
+
+            # Every episode of the round acts at once (one slow env never holds up the others); kinds
+            # the pool runs inline (the sandbox) stay in this thread.
+            if all(pool.limit(pool.kind_of(ep.env)).concurrency == 0 for ep in eps):
+                endeds = [after(ep, out) for ep, out in zip(eps, outs)]
+            else:
+                with ThreadPoolExecutor(len(eps), thread_name_prefix="episode") as ex:
+                    endeds = list(ex.map(after, eps, outs))
+            for ep, ended in zip(eps, endeds):
                 if ended:
                     live.remove(ep)
                     finish(ep, ep.finish_reason)
+    if env_pool is None:
+        pool.close()
     return [results[i] for i in range(len(tasks))]
 
 
@@ -258,6 +278,7 @@ def _after_generate(
     action_to_message: Callable,
     feedback_to_message: Callable,
     tool_call_to_action: Callable,
+    step: Callable[[Any, Action], Feedback] = lambda env, action: env.step(action),
 ) -> bool:
     """Record one sampled turn, act on it, append the feedback; True when the episode has ended."""
     session = ep.session
@@ -320,7 +341,7 @@ def _after_generate(
         for action in actions:
             ep.tool_calls += 1
             try:
-                fb = ep.env.step(action)
+                fb = step(ep.env, action)
             except Exception as e:  # noqa: BLE001 - an env crash is the world's fault
                 ep.steps.append(Step(action=action, feedback=Feedback.error(ErrorCode.INFRA, f"{type(e).__name__}: {e}", action.call_id)))
                 ep.infra = f"env.step raised {type(e).__name__}: {e}"
@@ -336,7 +357,7 @@ def _after_generate(
         # Plain text: a message to the user, which ends the episode.
         action = Action.message(parsed.content, raw=raw)
         try:
-            fb = ep.env.step(action)
+            fb = step(ep.env, action)
         except Exception as e:  # noqa: BLE001
             ep.steps.append(Step(action=action, feedback=None))
             ep.infra = f"env.step raised {type(e).__name__}: {e}"

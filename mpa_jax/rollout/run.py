@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from mpa_jax.envs.contract import Task, write_jsonl
 from mpa_jax.rollout.agent_loop import AgentLoopConfig, run_episodes, summarize
-from mpa_jax.rollout.types import RolloutEngine
+from mpa_jax.rollout.types import RolloutEngine, SamplingParams
 
 
 class RolloutSetupError(ValueError):
@@ -208,11 +208,32 @@ def run_rollouts(
     loop_cfg = AgentLoopConfig.from_config(
         config.rollout, seed=int(config.seed if seed is None else seed), greedy=greedy,
         planner=label or (os.path.basename(os.path.normpath(checkpoint)) if checkpoint else "policy"),
+        env_kind=str(config.get("envs", {}).get("kind", "sandbox")),
     )
     from mpa_jax.envs import make_env
+    from mpa_jax.envs.pool import EnvPool, limits_from_config
 
+    new_env = lambda kind: make_env(kind, config=config)  # noqa: E731
+    session = None
+    if bool(config.get("harness", {}).get("enabled", False)):
+        # The harness presents itself to the loop as the env (DESIGN §5); off = raw planner + env.
+        from mpa_jax.harness.planners import EnginePlanner
+        from mpa_jax.harness.runtime import session_for_run
+
+        session = session_for_run(config, env_kind=loop_cfg.env_kind,
+                                  subplanner=EnginePlanner(engine, tokenizer, int(config.rollout.max_new_tokens), loop_cfg.temperature,
+                                                           params_cls=SamplingParams))
+        loop_cfg.harness_version = session.version_label
+        new_env = lambda _kind: session.env_factory()  # noqa: E731
     t0 = time.perf_counter()
-    trajectories = _run_with_progress(engine, tokenizer, task_list, make_env, loop_cfg, progress, label)
+    try:
+        # env kwargs (a device serial, a simulator backend) and the per-kind pool limits come from config.envs
+        with EnvPool(limits_from_config(config) if "envs" in config else {}) as pool:
+            trajectories = _run_with_progress(engine, tokenizer, task_list, new_env, loop_cfg, progress, label, pool,
+                                              session.annotate if session is not None else None)
+    finally:
+        if session is not None:
+            session.close()
     wall = time.perf_counter() - t0
     summary = summarize(trajectories)
     summary.update(label=label, weight_version=str(engine.weight_version), wall_s=wall, greedy=greedy)
@@ -227,10 +248,11 @@ def run_rollouts(
     return summary
 
 
-def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env: Any, cfg: AgentLoopConfig, progress: bool, label: str) -> list:
+def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env: Any, cfg: AgentLoopConfig, progress: bool, label: str,
+                       env_pool: Any = None, annotate: Any = None) -> list:
     factory = lambda: make_env(cfg.env_kind)  # noqa: E731
     if not progress:
-        return run_episodes(engine, tokenizer, tasks, factory, cfg)
+        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=annotate, env_pool=env_pool)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[bold]rollout[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -239,11 +261,13 @@ def _run_with_progress(engine: Any, tokenizer: Any, tasks: list[Task], make_env:
         done = {"succ": 0}
 
         def on_done(traj: Any) -> None:
+            if annotate is not None:
+                annotate(traj)
             if traj.verification is not None and traj.verification.success:
                 done["succ"] += 1
             bar.update(job, advance=1, succ=done["succ"])
 
-        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=on_done)
+        return run_episodes(engine, tokenizer, tasks, factory, cfg, on_done=on_done, env_pool=env_pool)
 
 
 def format_summary(summary: dict[str, Any]) -> str:

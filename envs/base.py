@@ -1,0 +1,83 @@
+"""The env protocol every kind implements, and `make_env(kind, **kwargs)` with kwargs from config.
+
+Kinds: "sandbox" (programmatic, `envs/sandbox.py`), "simulated" (LLM-simulated long-tail apps,
+`envs/simulated.py`), "adb" (an Android device, `envs/adb/env.py`). Factories are imported lazily so that
+`import mpa_jax.envs` does not pull in adbutils.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from mpa_jax.envs.contract import Feedback, Task, ToolSpec, Verification
+
+POOL_KEYS = ("concurrency", "timeout_s")  # config.envs.<kind> keys the worker pool reads, not the env
+
+
+@runtime_checkable
+class Env(Protocol):
+    """One episode at a time: reset(task) -> observation, step(action) -> Feedback, verify(), close()."""
+
+    kind: str
+
+    def tool_specs(self, task: Task) -> list[ToolSpec]: ...
+
+    def reset(self, task: Task) -> dict[str, Any]: ...
+
+    def step(self, action: Any) -> Feedback: ...
+
+    def verify(self) -> Verification: ...
+
+    def close(self) -> None: ...
+
+
+ENV_KINDS: dict[str, Any] = {
+    "sandbox": "mpa_jax.envs.sandbox:SandboxEnv",
+    "simulated": "mpa_jax.envs.simulated:SimulatedEnv",
+    "adb": "mpa_jax.envs.adb.env:AdbEnv",
+}
+
+
+def register_env(kind: str, factory: Any) -> None:
+    """Register another env kind (a class/callable, or "module:attr" imported on first use)."""
+    ENV_KINDS[kind] = factory
+
+
+def _factory(kind: str) -> Callable[..., Any]:
+    if kind not in ENV_KINDS:
+        raise ValueError(f"unknown env kind {kind!r} (available: {', '.join(sorted(ENV_KINDS))})")
+    f = ENV_KINDS[kind]
+    if isinstance(f, str):
+        module, _, attr = f.partition(":")
+        f = ENV_KINDS[kind] = getattr(importlib.import_module(module), attr)
+    return f
+
+
+def env_kwargs(config: Any, kind: str) -> dict[str, Any]:
+    """`config.envs.<kind>` as env kwargs (pool keys dropped); {} when the config has no such section."""
+    envs = getattr(config, "envs", None) if config is not None else None
+    section = envs.get(kind) if envs is not None and hasattr(envs, "get") else None
+    if section is None:
+        return {}
+    d = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+    return {k: v for k, v in d.items() if k not in POOL_KEYS}
+
+
+def make_env(kind: str = "sandbox", config: Any = None, **kwargs: Any) -> Any:
+    """An env of `kind`; kwargs come from `config.envs.<kind>`, explicit kwargs override them.
+
+    An option the env does not take raises ValueError naming `config.envs.<kind>.<key>`.
+    """
+    factory = _factory(kind)
+    merged = {**env_kwargs(config, kind), **kwargs}
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if params and not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        for key in merged:
+            if key not in params:
+                raise ValueError(f"config.envs.{kind}.{key}: not an option of the {kind} env"
+                                 f" (options: {', '.join(sorted(params)) or 'none'})")
+    return factory(**merged)

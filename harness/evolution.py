@@ -1,0 +1,296 @@
+"""Evolution with review: failure traces -> clustered proposals with evidence -> reviewed -> versions.
+
+    mine(trajectories) -> proposals            # clusters by (tool, error code, template)
+    store.add_proposal(...)                    # pending, with evidence (task ids, steps, messages)
+    review: approve / reject by id             # recorded: who, when, note
+    release(store, root) -> new version dir    # only approved, unreleased proposals; semver + CHANGELOG + manifest
+
+Proposal kinds:
+- `normaliser`: an argument rewrite {tool, arg, from, to}: a call failed with a value and the same tool
+  then succeeded with the argument changed, consistently across the cluster's evidence;
+- `skill`: a successful recovery (error, then a different tool or a fix, then a verified success)
+  distilled into a skill file (text + the recovery's tool sequence as a macro without fixed values);
+- `tool_description`: the tool's description with a note on the values it refuses;
+- `training_examples`: the successful recovery episodes of the cluster, for the model's training data.
+
+A version directory `<root>/versions/<X.Y.Z>/` holds `manifest.json` (version, parent, created, the
+proposals with their approval records, `auto_approved`, sha256 of every file), `rewrites.json`,
+`descriptions.json`, `skills/*.json`, `training_examples.jsonl`. It is written to a temporary
+directory and renamed into place (atomic); `<root>/CHANGELOG.md` gets one entry per version and
+`<root>/CURRENT` names the newest. Nothing changes without a recorded approval.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections import defaultdict
+from typing import Any, Iterable
+
+from mpa_jax.envs.contract import ErrorCode, Trajectory, canonical_json
+from mpa_jax.harness.config import HARNESS_VERSION
+from mpa_jax.harness.store import HarnessStore, HarnessStoreError
+
+MINABLE = {ErrorCode.INVALID_ARGUMENTS, ErrorCode.UNSUPPORTED_VALUE, ErrorCode.UNKNOWN_TOOL, ErrorCode.NOT_FOUND,
+           ErrorCode.PRECONDITION_FAILED, ErrorCode.AMBIGUOUS, ErrorCode.PERMISSION_DENIED}
+
+
+class EvolutionError(ValueError):
+    """Bad traces or an impossible review step; the message names it."""
+
+
+def _pid(kind: str, cluster: str, payload: dict[str, Any]) -> str:
+    h = hashlib.sha256(canonical_json({"kind": kind, "cluster": cluster, "payload": payload}).encode()).hexdigest()
+    return f"{kind[:4]}-{h[:10]}"
+
+
+def read_traces(paths: Iterable[str]) -> list[Trajectory]:
+    """Trajectory JSONL files; a bad line names the file and line."""
+    from mpa_jax.envs.contract import ContractError, read_jsonl
+
+    out: list[Trajectory] = []
+    for p in paths:
+        if not os.path.isfile(p):
+            raise EvolutionError(f"trace file {p} does not exist")
+        try:
+            out += read_jsonl(p, Trajectory)
+        except ContractError as e:
+            raise EvolutionError(str(e)) from None
+    return out
+
+
+def _tool_calls(traj: Trajectory) -> list[tuple[int, Any, Any]]:
+    return [(i, s.action, s.feedback) for i, s in enumerate(traj.steps) if s.action.kind == "tool_call" and s.feedback is not None]
+
+
+def mine(trajectories: Iterable[Trajectory], min_count: int = 2) -> list[dict[str, Any]]:
+    """Cluster failures by (tool, error code, template) and turn clusters into proposals with evidence."""
+    clusters: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    episodes: dict[str, Trajectory] = {}
+    for traj in trajectories:
+        episodes.setdefault(traj.task_id, traj)
+        if traj.infra_failure:
+            continue
+        template = str(traj.provenance.get("template", ""))
+        success = bool(traj.verification and traj.verification.success)
+        calls = _tool_calls(traj)
+        for k, (i, a, fb) in enumerate(calls):
+            if fb.ok or fb.error_code is None:
+                continue
+            code = ErrorCode(fb.error_code)
+            if code not in MINABLE:
+                continue
+            later = calls[k + 1:]
+            recovery = []
+            for j, a2, fb2 in later:
+                recovery.append({"step": j, "tool": a2.name, "arguments": a2.arguments, "ok": fb2.ok})
+                if fb2.ok and a2.name == a.name:
+                    break
+                if fb2.ok and a2.name != a.name and len(recovery) >= 1 and code in (ErrorCode.UNSUPPORTED_VALUE, ErrorCode.INVALID_ARGUMENTS):
+                    break
+            clusters[(a.name, code.value, template)].append({
+                "task_id": traj.task_id, "step": i, "arguments": a.arguments, "message": fb.message, "success": success,
+                "recovery": recovery})
+    proposals: list[dict[str, Any]] = []
+    for (tool, code, template), ev in sorted(clusters.items()):
+        if len(ev) < min_count:
+            continue
+        cluster = f"{tool}|{code}|{template}"
+        proposals += _proposals_for(tool, code, template, cluster, ev, episodes)
+    return proposals
+
+
+def _proposals_for(tool: str, code: str, template: str, cluster: str, ev: list[dict[str, Any]],
+                   episodes: dict[str, Trajectory]) -> list[dict[str, Any]]:
+    out = []
+    evidence = [{k: e[k] for k in ("task_id", "step", "message", "success")} for e in ev]
+    # Normaliser: the same tool succeeded right after with one argument changed, the same way every time.
+    rewrites: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for e in ev:
+        rec = e["recovery"]
+        if rec and rec[-1]["ok"] and rec[-1]["tool"] == tool and isinstance(e["arguments"], dict) and isinstance(rec[-1]["arguments"], dict):
+            for key, before in e["arguments"].items():
+                after = rec[-1]["arguments"].get(key)
+                if isinstance(before, str) and isinstance(after, str) and before != after:
+                    rewrites[(key, before)].add(after)
+    for (key, before), afters in sorted(rewrites.items()):
+        if len(afters) == 1:
+            payload = {"tool": tool, "arg": key, "from": before, "to": next(iter(afters))}
+            out.append({"id": _pid("normaliser", cluster, payload), "kind": "normaliser", "cluster": cluster,
+                        "payload": payload, "evidence": evidence})
+    # Skill: a recovery through other tools that ended in a verified success.
+    recoveries = [e for e in ev if e["success"] and e["recovery"] and any(r["tool"] != tool for r in e["recovery"])]
+    if recoveries:
+        seq = [r["tool"] for r in recoveries[0]["recovery"] if r["ok"]]
+        name = re.sub(r"[^a-z0-9_]", "_", f"recover_{tool}_{code.lower()}")[:60]
+        text = (f"When {tool} fails with {code} (for example: {recoveries[0]['message'][:160]}), do not repeat the same call: "
+                f"recover with {' then '.join(dict.fromkeys(seq)) or 'another tool'}, as in {len(recoveries)} successful episodes.")
+        skill = {"name": name, "version": "1.0.0", "description": f"Recover from {code} of {tool}.", "text": text,
+                 "triggers": sorted({tool, *tool.split("_"), code.lower()}), "params": [], "macro": []}
+        out.append({"id": _pid("skill", cluster, skill), "kind": "skill", "cluster": cluster, "payload": skill, "evidence": evidence})
+        ids = sorted({e["task_id"] for e in recoveries})
+        examples = {"tool": tool, "code": code, "task_ids": ids,
+                    "episodes": [episodes[i].to_dict() for i in ids if i in episodes]}
+        out.append({"id": _pid("training_examples", cluster, examples), "kind": "training_examples", "cluster": cluster,
+                    "payload": examples, "evidence": evidence})
+    # Tool description: say which values the tool refuses.
+    if code in ("INVALID_ARGUMENTS", "UNSUPPORTED_VALUE"):
+        from mpa_jax.envs.tools import TOOLS
+
+        base = TOOLS[tool].spec.description if tool in TOOLS else ""
+        msgs = sorted({e["message"][:120] for e in ev})[:2]
+        payload = {"tool": tool, "description": (base + " Known refusals: " + " | ".join(msgs)).strip()}
+        out.append({"id": _pid("tool_description", cluster, payload), "kind": "tool_description", "cluster": cluster,
+                    "payload": payload, "evidence": evidence})
+    return out
+
+
+def submit(store: HarnessStore, proposals: list[dict[str, Any]], policy: str = "manual") -> list[str]:
+    """Queue proposals (new ids only); with policy "auto" they are approved at once, recorded as such."""
+    added = []
+    for p in proposals:
+        if store.add_proposal(p["id"], p["kind"], p["cluster"], p["payload"], p["evidence"]):
+            added.append(p["id"])
+            if policy == "auto":
+                store.decide(p["id"], "approved", "auto-policy", "review.policy=auto")
+    return added
+
+
+def _bump(version: str, kinds: set[str]) -> str:
+    major, minor, patch = (int(x) for x in version.split("."))
+    if kinds & {"skill", "tool_description"}:
+        return f"{major}.{minor + 1}.0"
+    return f"{major}.{minor}.{patch + 1}"
+
+
+def current_version(root: str) -> str:
+    path = os.path.join(root, "CURRENT")
+    if not os.path.isfile(path):
+        return HARNESS_VERSION
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
+
+
+def _sha(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _atomic_write(path: str, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def release(store: HarnessStore, root: str, trajectories: Iterable[Trajectory] = ()) -> str | None:
+    """Write a new harness version from the approved, unreleased proposals; None when there are none.
+
+    The new version starts from the current one (its rewrites, descriptions and skills carry over).
+    `trajectories` supply the episodes that `training_examples` proposals name.
+    """
+    approved = [p for p in store.proposals("approved") if not p["version"]]
+    if not approved:
+        return None
+    parent = current_version(root)
+    version = _bump(parent, {p["kind"] for p in approved})
+    versions = os.path.join(root, "versions")
+    os.makedirs(versions, exist_ok=True)
+    final = os.path.join(versions, version)
+    if os.path.exists(final):
+        raise EvolutionError(f"harness version {version} already exists at {final}")
+    tmp = tempfile.mkdtemp(dir=versions, prefix=f".{version}-")
+    try:
+        prev = os.path.join(versions, parent)
+        rewrites, descriptions = [], {}
+        if os.path.isdir(prev):
+            old = read_version(prev)
+            rewrites, descriptions = list(old.rewrites), dict(old.descriptions)
+            if os.path.isdir(os.path.join(prev, "skills")):
+                shutil.copytree(os.path.join(prev, "skills"), os.path.join(tmp, "skills"))
+        os.makedirs(os.path.join(tmp, "skills"), exist_ok=True)
+        by_id = {t.task_id: t for t in trajectories}
+        examples = []
+        for p in approved:
+            pay = p["payload"]
+            if p["kind"] == "normaliser":
+                rewrites.append(pay)
+            elif p["kind"] == "tool_description":
+                descriptions[pay["tool"]] = pay["description"]
+            elif p["kind"] == "skill":
+                with open(os.path.join(tmp, "skills", pay["name"] + ".json"), "w", encoding="utf-8") as f:
+                    json.dump(pay, f, indent=2, sort_keys=True)
+            elif p["kind"] == "training_examples":
+                # The episodes travel with the proposal; `trajectories` can supply ones it lacks.
+                have = {e["task_id"] for e in pay.get("episodes", [])}
+                examples += [canonical_json(e) for e in pay.get("episodes", [])]
+                examples += [by_id[t].to_json() for t in pay["task_ids"] if t in by_id and t not in have]
+        with open(os.path.join(tmp, "rewrites.json"), "w", encoding="utf-8") as f:
+            json.dump(rewrites, f, indent=2, sort_keys=True)
+        with open(os.path.join(tmp, "descriptions.json"), "w", encoding="utf-8") as f:
+            json.dump(descriptions, f, indent=2, sort_keys=True)
+        with open(os.path.join(tmp, "training_examples.jsonl"), "w", encoding="utf-8") as f:
+            f.write("".join(e + "\n" for e in examples))
+        files = {}
+        for dirpath, _, names in os.walk(tmp):
+            for n in sorted(names):
+                full = os.path.join(dirpath, n)
+                files[os.path.relpath(full, tmp)] = _sha(full)
+        auto = any(p["decided_by"] == "auto-policy" for p in approved)
+        manifest = {
+            "version": version, "parent": parent, "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "auto_approved": auto,
+            "proposals": [{"id": p["id"], "kind": p["kind"], "cluster": p["cluster"], "approved_by": p["decided_by"],
+                           "approved_at": p["decided_at"], "note": p["note"], "evidence": len(p["evidence"])} for p in approved],
+            "files": dict(sorted(files.items())),
+        }
+        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    store.mark_released([p["id"] for p in approved], version)
+    entry = [f"## {version} ({manifest['created']}){' — auto-approved' if auto else ''}", f"parent {parent}"]
+    entry += [f"- {p['kind']} {p['id']} ({p['cluster']}), approved by {p['decided_by']}" for p in approved]
+    log = os.path.join(root, "CHANGELOG.md")
+    old_log = open(log, encoding="utf-8").read() if os.path.isfile(log) else "# Harness changelog\n"
+    _atomic_write(log, old_log.rstrip("\n") + "\n\n" + "\n".join(entry) + "\n")
+    _atomic_write(os.path.join(root, "CURRENT"), version + "\n")
+    return version
+
+
+def read_version(path: str) -> Any:
+    """Load a version directory (checking every file against the manifest's hashes)."""
+    from mpa_jax.harness.runtime import HarnessVersion
+
+    mpath = os.path.join(path, "manifest.json")
+    if not os.path.isfile(mpath):
+        raise EvolutionError(f"harness version {path}: no manifest.json")
+    with open(mpath, encoding="utf-8") as f:
+        manifest = json.load(f)
+    for rel, digest in manifest.get("files", {}).items():
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full) or _sha(full) != digest:
+            raise EvolutionError(f"harness version {path}: {rel} does not match its manifest hash")
+    with open(os.path.join(path, "rewrites.json"), encoding="utf-8") as f:
+        rewrites = json.load(f)
+    with open(os.path.join(path, "descriptions.json"), encoding="utf-8") as f:
+        descriptions = json.load(f)
+    skills = os.path.join(path, "skills")
+    return HarnessVersion(version=str(manifest["version"]), rewrites=rewrites, descriptions=descriptions,
+                          skills_dir=skills if os.path.isdir(skills) else "", auto_approved=bool(manifest.get("auto_approved")))
+
+
+def store_path(root: str) -> str:
+    return os.path.join(root, "store.sqlite")
+
+
+__all__ = ["EvolutionError", "HarnessStoreError", "mine", "submit", "release", "read_version", "read_traces", "current_version"]

@@ -1,0 +1,255 @@
+"""`mpa harness ACTION`: the harness's tools registry, one tool call, trace mining, review, evaluation.
+
+    mpa harness tools [--mcp "CMD ARGS"]... [--allow a,b] [--query TEXT [--k 8]] [--json]
+    mpa harness call --tool NAME --args JSON [--mcp "CMD ARGS"]...
+    mpa harness mine --traces FILE... [--root DIR] [--min-count 2]
+    mpa harness review [--approve ID]... [--reject ID]... [--by NAME] [--note TEXT] [--all] [--root DIR]
+    mpa harness eval [--planner oracle|openai] [--url URL] [--split dev] [--max-tasks N] [--json]
+
+MCP servers start as subprocesses (never through a shell); `--mcp` adds to `config.harness.mcp`.
+`review` approves or rejects pending proposals by id and then writes a new harness version from the
+approved ones; `config.harness.review.policy=auto` (experiments) approves at mining time and the
+version's manifest records it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Any
+
+ACTIONS = ("tools", "call", "mine", "review", "eval")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=ACTIONS, help="what to do")
+    parser.add_argument("--mcp", action="append", default=[], metavar="CMD", help='an MCP server command, e.g. "python srv.py" (repeatable)')
+    parser.add_argument("--allow", default=None, help="comma-separated MCP tools to allow (default config.harness.mcp_allow)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--query", default=None, help="tools: show the catalog tools retrieved for this request")
+    parser.add_argument("--k", type=int, default=None, help="tools --query: how many (default config.harness.top_k)")
+    parser.add_argument("--tool", default=None, help="call: the tool name")
+    parser.add_argument("--args", default="{}", help="call: the arguments as a JSON object")
+    parser.add_argument("--traces", nargs="+", default=[], help="mine: Trajectory JSONL files")
+    parser.add_argument("--root", default=None, help="proposals and versions (default config.harness.root)")
+    parser.add_argument("--min-count", type=int, default=2, help="mine: smallest cluster that yields proposals")
+    parser.add_argument("--approve", action="append", default=[], metavar="ID")
+    parser.add_argument("--reject", action="append", default=[], metavar="ID")
+    parser.add_argument("--by", default=None, help="review: reviewer name (default $USER)")
+    parser.add_argument("--note", default="", help="review: a note stored with the decision")
+    parser.add_argument("--all", action="store_true", help="review: list decided proposals too")
+    parser.add_argument("--planner", default="oracle", choices=("oracle", "openai"), help="eval: planner backend")
+    parser.add_argument("--url", default=None, help="eval --planner openai: base URL (e.g. http://127.0.0.1:30000/v1)")
+    parser.add_argument("--split", default="dev", help="eval: task split")
+    parser.add_argument("--max-tasks", type=int, default=0, help="eval: first N tasks (0 = all)")
+
+
+def run(args: argparse.Namespace, config: Any) -> int:
+    from mpa_jax.cli import UserError
+    from mpa_jax.harness.config import HarnessConfig, HarnessConfigError
+
+    try:
+        cfg = HarnessConfig.from_config(config)
+        if args.mcp:
+            extra = " ; ".join(args.mcp)
+            cfg.mcp = f"{cfg.mcp} ; {extra}" if cfg.mcp.strip() else extra
+            cfg.mcp_commands  # noqa: B018 - split now so a bad command is a user error
+        if args.allow is not None:
+            cfg.mcp_allow = args.allow
+    except HarnessConfigError as e:
+        raise UserError(str(e)) from None
+    root = args.root or cfg.root
+    return {"tools": _tools, "call": _call, "mine": _mine, "review": _review, "eval": _eval}[args.action](args, cfg, root)
+
+
+def _session(cfg: Any) -> Any:
+    from mpa_jax.cli import UserError
+    from mpa_jax.harness.mcp import MCPStartError
+    from mpa_jax.harness.registry import RegistryError
+    from mpa_jax.harness.runtime import HarnessSession
+
+    try:
+        return HarnessSession(cfg)
+    except (MCPStartError, RegistryError) as e:
+        raise UserError(str(e)) from None
+
+
+def _tools(args: argparse.Namespace, cfg: Any, root: str) -> int:
+    if args.query is not None:
+        from mpa_jax.harness.retrieval import catalog_index
+
+        names = catalog_index().search(args.query, args.k or cfg.top_k)
+        print(json.dumps(names) if args.json else "\n".join(names))
+        return 0
+    session = _session(cfg)
+    try:
+        rows = session.registry.describe()
+    finally:
+        session.close()
+    if args.json:
+        print(json.dumps(rows, indent=1, sort_keys=True))
+    else:
+        for r in rows:
+            print(f"{r['name']:<32} {r['source']:<16} {r['description'][:80]}")
+        print(f"{len(rows)} tools")
+    return 0
+
+
+def _call(args: argparse.Namespace, cfg: Any, root: str) -> int:
+    from mpa_jax.cli import UserError
+    from mpa_jax.harness.registry import unknown_tool_feedback
+    from mpa_jax.harness.runtime import _call_provider
+
+    if not args.tool:
+        raise UserError("harness call needs --tool NAME")
+    try:
+        call_args = json.loads(args.args)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--args is not valid JSON: {e.msg} at position {e.pos}") from None
+    if not isinstance(call_args, dict):
+        raise UserError("--args must be a JSON object")
+    session = _session(cfg)
+    try:
+        reg = session.registry
+        if args.tool not in reg:
+            fb = unknown_tool_feedback(args.tool, "call_0", reg.suggest(args.tool))
+        else:
+            from mpa_jax.harness.normalise import normalise_arguments
+
+            call_args, _ = normalise_arguments(call_args, reg.spec(args.tool).parameters, session.version.rewrites, args.tool)
+            fb = _call_provider(reg.provider(args.tool), args.tool, call_args, "call_0")
+        print(json.dumps(fb.to_dict(), sort_keys=True))
+    finally:
+        session.close()
+    return 0 if fb.ok else 1
+
+
+def _store(root: str) -> Any:
+    from mpa_jax.cli import UserError
+    from mpa_jax.harness.evolution import store_path
+    from mpa_jax.harness.store import HarnessStore, HarnessStoreError
+
+    try:
+        return HarnessStore(store_path(root))
+    except HarnessStoreError as e:
+        raise UserError(str(e)) from None
+
+
+def _mine(args: argparse.Namespace, cfg: Any, root: str) -> int:
+    from mpa_jax.cli import UserError
+    from mpa_jax.harness import evolution as ev
+
+    if not args.traces:
+        raise UserError("harness mine needs --traces FILE...")
+    try:
+        trajs = ev.read_traces(args.traces)
+    except ev.EvolutionError as e:
+        raise UserError(str(e)) from None
+    proposals = ev.mine(trajs, min_count=args.min_count)
+    store = _store(root)
+    try:
+        added = ev.submit(store, proposals, cfg.review_policy)
+        version = ev.release(store, root, trajs) if cfg.review_policy == "auto" else None
+    finally:
+        store.close()
+    out = {"traces": len(trajs), "proposals": len(proposals), "new": added, "policy": cfg.review_policy, "version": version}
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
+    else:
+        print(f"{len(trajs)} traces -> {len(proposals)} proposals ({len(added)} new, policy {cfg.review_policy})")
+        for p in proposals:
+            print(f"  {p['id']:<18} {p['kind']:<18} {p['cluster']}  evidence {len(p['evidence'])}")
+        if version:
+            print(f"auto-approved: harness version {version} written under {root}/versions/")
+    return 0
+
+
+def _review(args: argparse.Namespace, cfg: Any, root: str) -> int:
+    import getpass
+
+    from mpa_jax.cli import UserError
+    from mpa_jax.harness import evolution as ev
+    from mpa_jax.harness.store import HarnessStoreError
+
+    store = _store(root)
+    try:
+        by = args.by or getpass.getuser()
+        try:
+            for pid in args.approve:
+                store.decide(pid, "approved", by, args.note)
+            for pid in args.reject:
+                store.decide(pid, "rejected", by, args.note)
+        except HarnessStoreError as e:
+            raise UserError(str(e)) from None
+        version = None
+        if args.approve:
+            trajs = []
+            version = ev.release(store, root, trajs)
+        rows = store.proposals(None if args.all else "pending")
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps({"proposals": rows, "version": version}, sort_keys=True, default=str))
+        return 0
+    for r in rows:
+        print(f"{r['id']:<18} {r['status']:<9} {r['kind']:<18} {r['cluster']}  evidence {len(r['evidence'])}"
+              f"{'  -> ' + r['version'] if r['version'] else ''}")
+        print("    " + json.dumps(r["payload"], sort_keys=True)[:200])
+    if not rows:
+        print("no pending proposals" if not args.all else "no proposals")
+    if version:
+        print(f"harness version {version} written under {root}/versions/{version}")
+    return 0
+
+
+def _eval(args: argparse.Namespace, cfg: Any, root: str) -> int:
+    """Success on a split with the harness off and on (task tools; catalog retrieval), side by side."""
+    import dataclasses
+    import time
+
+    from mpa_jax.cli import UserError
+    from mpa_jax.envs import load_tasks, make_env
+    from mpa_jax.harness.episode import oracle_trajectory, run_episode
+    from mpa_jax.harness.runtime import HarnessSession
+
+    tasks = load_tasks(args.split)
+    if args.max_tasks:
+        tasks = tasks[: args.max_tasks]
+    if args.planner == "openai" and not args.url:
+        raise UserError("eval --planner openai needs --url")
+    settings = {
+        "off": None,
+        "on (task tools)": dataclasses.replace(cfg, enabled=True, tools="task"),
+        "on (catalog)": dataclasses.replace(cfg, enabled=True, tools="catalog"),
+        "on (catalog+memory)": dataclasses.replace(cfg, enabled=True, tools="catalog", memory=True),
+    }
+    results = {}
+    for label, hcfg in settings.items():
+        session = HarnessSession(hcfg) if hcfg is not None else None
+        t0 = time.perf_counter()
+        succ = infra = 0
+        for task in tasks:
+            env = session.env_factory() if session is not None else make_env("sandbox")
+            version = session.version_label if session is not None else "none"
+            if args.planner == "oracle":
+                traj = oracle_trajectory(env, task, harness_version=version)
+            else:
+                from mpa_jax.harness.planners import OpenAIChatPlanner
+
+                traj = run_episode(OpenAIChatPlanner(args.url), env, task, int(8), version)
+            succ += bool(traj.verification and traj.verification.success)
+            infra += traj.infra_failure
+        if session is not None:
+            session.close()
+        results[label] = {"n": len(tasks), "success": succ, "success_rate": succ / max(1, len(tasks)), "infra": infra,
+                          "wall_s": round(time.perf_counter() - t0, 2)}
+    if args.json:
+        print(json.dumps({"planner": args.planner, "split": args.split, "results": results}, sort_keys=True))
+    else:
+        print(f"planner {args.planner}, split {args.split}, {len(tasks)} tasks")
+        for label, r in results.items():
+            print(f"  harness {label:<18} success {r['success']}/{r['n']} ({100 * r['success_rate']:.1f}%)  infra {r['infra']}  {r['wall_s']} s")
+    return 0
+
+

@@ -1,0 +1,38 @@
+"""A small real MCP server (official `mcp` SDK, stdio transport) for the harness tests.
+
+Tools: `add(a, b)`, `echo(text)`, `crash()` (exits the process: the client must see INFRA and restart
+the server) and `pid()` (the server's process id, to tell a restarted server from the first one).
+"""
+import os
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("calc")
+
+
+@server.tool()
+def add(a: float, b: float) -> float:
+    """Add two numbers."""
+    return a + b
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Repeat the text back."""
+    return text
+
+
+@server.tool()
+def crash() -> str:
+    """Kill this server process (tests the client's restart)."""
+    os._exit(3)
+
+
+@server.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+if __name__ == "__main__":
+    server.run("stdio")
