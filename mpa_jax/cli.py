@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("mpa_jax.commands.export", "turn an orbax training checkpoint into a Hugging Face directory"),
     "rollout": ("mpa_jax.commands.rollout", "run the agent loop over a task split and write trajectories"),
     "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat)"),
+    "starter": ("mpa_jax.commands.starter", "build the starter planner (configs/starter.py) with its datasheet"),
     "demo": ("mpa_jax.commands.demo", "the end-to-end path on the embedded default"),
 }
 
@@ -70,7 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config_file(args.config)
         for key, value in overrides:
             apply_override(config, key, value)
-    except ConfigError as e:
+        from mpa_jax.envs.context import configure as configure_context
+
+        configure_context(config)  # the planner's context format (oracle data and rollouts must agree): envs/context.py
+    except (ConfigError, ValueError) as e:
         print(f"mpa: error: {e}", file=sys.stderr)
         return 2
     if args.workdir is None:

@@ -170,12 +170,11 @@ def run_sft(
         eval_fraction=float(sft.get("eval_fraction", 0.0)),
         only_success=bool(sft.get("only_success", False)),
     )
-    optimizer, schedule = optlib.optimizer_from_config(sft)
+    optimizer, _ = optlib.optimizer_from_config(sft)
     p_shardings = sharding.param_shardings(cfg, mesh, rules)
     family = models.registry.family_module(cfg.family)
     params_shape = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
     st_shardings = statelib.state_shardings(mesh, params_shape, p_shardings, optimizer)
-    batch_sh = {k: row_shard for k in sft_data.FIELDS}
 
     meta = {
         "model": cfg.to_hf(),
