@@ -132,7 +132,7 @@ def apply_starter(config: Any, starter: Starter) -> None:
     config.context.reasoning = ctx.get("reasoning", "full")
     context.configure(config)
     recipe = starter.datasheet.get("recipe", {})
-    for key in ("sft.seq_len", "tasks.per_template"):  # the refresh packs and draws like the starter's recipe
+    for key in ("sft.seq_len", "model.compute_dtype"):  # the refresh packs and computes like the starter's recipe
         if key in recipe:
             section, name = key.split(".")
             config[section][name] = recipe[key]
@@ -156,12 +156,18 @@ def sft_refresh(config: Any, workdir: str, *, starter: bool) -> Any:
     from mpa_jax.commands.oracle import make_oracle_trajectories
     from mpa_jax.sft import run_sft
 
+    split, max_tasks = str(config.oracle.split), int(config.oracle.max_tasks)
     if starter:
+        from mpa_jax.envs import load_tasks, write_jsonl
+
         d = config.demo
         config.sft.steps, config.sft.lr, config.sft.warmup_steps = int(d.refresh_steps), float(d.refresh_lr), int(d.refresh_warmup)
         config.sft.batch_size = int(d.refresh_batch_size)
-        config.oracle.max_tasks = int(d.refresh_tasks)
-    traj_path = make_oracle_trajectories(config, workdir, split=str(config.oracle.split), max_tasks=int(config.oracle.max_tasks))
+        # a sample spread over domains and categories (the split's head is a few templates of one domain)
+        tasks = stratified(load_tasks(split, seed=int(config.tasks.seed), per_template=int(config.tasks.per_template)), int(d.refresh_tasks))
+        split, max_tasks = os.path.join(workdir, "refresh-tasks.jsonl"), 0
+        write_jsonl(split, tasks)
+    traj_path = make_oracle_trajectories(config, workdir, split=split, max_tasks=max_tasks)
     return run_sft(config, os.path.join(workdir, "sft"), traj_path, export=True)
 
 
@@ -179,7 +185,8 @@ def run(args: argparse.Namespace, config: Any) -> int:
     console = Console()
     workdir = args.workdir
     if args.fresh:
-        for sub in ("sft", "rollouts", f"oracle-{config.oracle.split}.jsonl", "demo_summary.json"):
+        for sub in ("sft", "rollouts", f"oracle-{config.oracle.split}.jsonl", "refresh-tasks.jsonl", "oracle-refresh-tasks.jsonl",
+                    "demo_summary.json"):
             path = os.path.join(workdir, sub)
             if os.path.isdir(path):
                 shutil.rmtree(path)

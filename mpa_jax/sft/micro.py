@@ -18,23 +18,25 @@ from typing import Any
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "tiny.py")
 
 
-def micro_config(vocab: int, hidden: int, layers: int, steps: int, lr: float) -> Any:
-    """configs/tiny.py shrunk to a micro model and a short SFT schedule (compact context, no reasoning)."""
+def micro_config(vocab: int, hidden: int, layers: int, steps: int, lr: float, fmt: str = "compact",
+                 reasoning: str = "none") -> Any:
+    """configs/tiny.py shrunk to a micro model and a short SFT schedule (default: compact context, no reasoning)."""
     from mpa_jax.config import load_config_file
 
     c = load_config_file(CONFIG)
     m = c.model
     m.vocab_size, m.hidden_size, m.intermediate_size, m.num_hidden_layers = vocab, hidden, 3 * hidden, layers
     m.num_attention_heads, m.num_key_value_heads, m.head_dim, m.max_position_embeddings = 4, 2, hidden // 4, 1024
-    c.context.format, c.context.reasoning = "compact", "none"
-    c.sft.update(dict(seq_len=512, batch_size=8, steps=steps, lr=lr, warmup_steps=5, eval_every=0, log_every=50, eval_fraction=0.0))
+    c.context.format, c.context.reasoning = fmt, reasoning
+    c.sft.update(dict(seq_len=512 if fmt == "compact" else 2048, batch_size=8, steps=steps, lr=lr, warmup_steps=5, eval_every=0, log_every=50, eval_fraction=0.0))
     c.checkpoint.every, c.checkpoint.async_save = 10_000, False
     c.rollout.update(dict(max_turns=3, max_new_tokens=40, max_total_tokens=1024, batch_size=16))
     return c
 
 
 def learn_one_family(workdir: str, template: str = "contact_group.create", n_train: int = 64, n_dev: int = 12,
-                     steps: int = 200, hidden: int = 128, layers: int = 2, lr: float = 3e-3, vocab: int = 512) -> dict[str, Any]:
+                     steps: int = 200, hidden: int = 128, layers: int = 2, lr: float = 3e-3, vocab: int = 512,
+                     fmt: str = "compact", reasoning: str = "none") -> dict[str, Any]:
     """Oracle demonstrations of `template` on the train split -> a project BPE of `vocab` ids -> SFT of a
     micro model -> greedy success on the dev split's instances of the template (before and after)."""
     from mpa_jax.commands.oracle import episode_to_trajectory
@@ -46,7 +48,7 @@ def learn_one_family(workdir: str, template: str = "contact_group.create", n_tra
     from mpa_jax.tokenizer.template import QWEN3_CHAT_TEMPLATE, render_chat
 
     t0 = time.perf_counter()
-    c = micro_config(vocab, hidden, layers, steps, lr)
+    c = micro_config(vocab, hidden, layers, steps, lr, fmt, reasoning)
     context.configure(c)
     train = generate_split("train", per_template=n_train, templates=[template])
     dev = generate_split("dev", per_template=n_dev, templates=[template])
@@ -55,7 +57,8 @@ def learn_one_family(workdir: str, template: str = "contact_group.create", n_tra
     env = make_env("sandbox")
     episodes = [run_oracle_episode(env, t, seed=i) for i, t in enumerate(train)]
     tok_dir = os.path.join(workdir, "tokenizer")
-    tok = build_tokenizer([render_chat(None, e.messages, None, chat_template=QWEN3_CHAT_TEMPLATE) for e in episodes], vocab, tok_dir)
+    texts = [render_chat(None, e.messages, e.tools or None, chat_template=QWEN3_CHAT_TEMPLATE) for e in episodes]
+    tok = build_tokenizer(texts, vocab, tok_dir)
     data = os.path.join(workdir, "data.jsonl")
     write_jsonl(data, [episode_to_trajectory(tok, t, e, i, vocab) for i, (t, e) in enumerate(zip(train, episodes))])
     c.tokenizer.path = tok_dir
@@ -68,7 +71,7 @@ def learn_one_family(workdir: str, template: str = "contact_group.create", n_tra
 
     result = run_sft(c, os.path.join(workdir, "run"), data, on_eval=on_eval, progress=False)
     return {"template": template, "train_tasks": len(train), "dev_tasks": len(dev), "steps": steps,
-            "hidden": hidden, "layers": layers, "lr": lr, "success": curve[steps]["success"],
+            "hidden": hidden, "layers": layers, "lr": lr, "context": f"{fmt}/{reasoning}", "success": curve[steps]["success"],
             "success_seen": curve[steps].get("success_seen"), "train_loss": result.train_loss,
             "unigram_loss": result.unigram_loss, "metrics_path": result.metrics_path, "seconds": time.perf_counter() - t0}
 
@@ -83,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--format", default="compact", choices=("compact", "json"))
+    p.add_argument("--reasoning", default="none", choices=("none", "full"))
     a = p.parse_args(argv)
-    out = learn_one_family(a.workdir, a.template, a.train, a.dev, a.steps, a.hidden, a.layers, a.lr)
+    out = learn_one_family(a.workdir, a.template, a.train, a.dev, a.steps, a.hidden, a.layers, a.lr, fmt=a.format, reasoning=a.reasoning)
     print(json.dumps(out))
     return 0
 
