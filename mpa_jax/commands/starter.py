@@ -11,6 +11,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-seen", type=int, default=96, help="final evaluation: dev tasks of templates seen in training")
     parser.add_argument("--eval-held-out", type=int, default=48, help="final evaluation: dev tasks of held-out templates")
     parser.add_argument("--curve-seen", type=int, default=32, help="dev tasks (seen templates) at every SFT eval point")
+    parser.add_argument("--note", default="", help="a line for the datasheet (e.g. how an interrupted build was resumed)")
     parser.add_argument("--curve-held-out", type=int, default=16, help="dev tasks (held-out templates) at every SFT eval point")
 
 
@@ -22,7 +23,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     try:
         sheet = build_starter(config, args.workdir, args.out, eval_seen=args.eval_seen, eval_held_out=args.eval_held_out,
-                              curve_seen=args.curve_seen, curve_held_out=args.curve_held_out, data=args.data)
+                              curve_seen=args.curve_seen, curve_held_out=args.curve_held_out, data=args.data, note=args.note)
     except (DataError, CheckpointError, ValueError) as e:
         raise UserError(str(e)) from None
     fe = sheet["final_eval"]

@@ -70,38 +70,53 @@ def load_datasheet(path: str = DEFAULT_DIR) -> dict[str, Any]:
         return json.load(f)
 
 
-def train_summary(metrics_path: str) -> dict[str, float]:
-    """Steps, loss tokens, training seconds (sum of the logged windows: evaluations excluded) and the last
-    train/held-out loss from a run's metrics.jsonl."""
-    steps, tokens, seconds, loss, eval_loss = 0, 0.0, 0.0, float("nan"), None
+def _records(metrics_path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, one per (kind, step): a resumed run logs some steps twice; the last wins."""
+    by_key: dict[tuple[str, int], dict[str, Any]] = {}
     with open(metrics_path, encoding="utf-8") as f:
         for line in f:
             rec = json.loads(line)
-            if "train/tokens" in rec:
-                steps = max(steps, int(rec["step"]))
-                tokens += rec["train/tokens"]
-                if rec.get("train/tokens_per_s"):
-                    seconds += rec["train/tokens"] / rec["train/tokens_per_s"]
-                loss = rec["train/loss"]
-            if "eval/loss" in rec:
-                eval_loss = rec["eval/loss"]
+            kind = next((k.split("/")[0] for k in rec if "/" in k), "")
+            by_key[(kind, int(rec["step"]))] = {**by_key.get((kind, int(rec["step"])), {}), **rec}
+    return [by_key[k] for k in sorted(by_key, key=lambda k: (k[1], k[0]))]
+
+
+def _window_seconds(rec: Mapping[str, Any]) -> float:
+    """Seconds of one logged window (train/seconds; runs before that key: 0, their wall time is in the note)."""
+    return float(rec.get("train/seconds", 0.0))
+
+
+def train_summary(metrics_path: str) -> dict[str, float]:
+    """Steps, loss tokens, training seconds (sum of the logged windows, evaluations between them included) and the last
+    train/held-out loss from a run's metrics.jsonl."""
+    steps, tokens, seconds, loss, eval_loss = 0, 0.0, 0.0, float("nan"), None
+    for rec in _records(metrics_path):
+        if "train/tokens" in rec:
+            steps = max(steps, int(rec["step"]))
+            tokens += rec["train/tokens"]
+            seconds += _window_seconds(rec)
+            loss = rec["train/loss"]
+        if "eval/loss" in rec:
+            eval_loss = rec["eval/loss"]
     return {"steps": steps, "loss_tokens": tokens, "train_seconds": seconds, "train_loss": loss, "eval_loss": eval_loss}
 
 
 def success_curve(metrics_path: str) -> list[dict[str, float]]:
-    """The `eval/success*` records of a run: one dict per eval point (step and the success metrics)."""
-    out = []
-    with open(metrics_path, encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            if "eval/success" in rec:
-                out.append({"step": rec["step"], **{k[5:]: v for k, v in rec.items() if k.startswith("eval/success")}})
+    """One row per success evaluation: step, loss tokens and training seconds so far, the eval/success* values."""
+    out, tokens, seconds = [], 0.0, 0.0
+    for rec in _records(metrics_path):
+        if "train/tokens" in rec:
+            tokens += rec["train/tokens"]
+            seconds += _window_seconds(rec)
+        if "eval/success" in rec:
+            out.append({"step": rec["step"], "loss_tokens": tokens, "train_seconds": seconds,
+                        **{k[5:]: v for k, v in rec.items() if k.startswith("eval/success")}})
     return out
 
 
 def build_starter(config: Any, workdir: str, out_dir: str, *, eval_seen: int = 96, eval_held_out: int = 48,
                   curve_seen: int = 32, curve_held_out: int = 16, data: str | None = None,
-                  log: Any = print) -> dict[str, Any]:
+                  log: Any = print, note: str = "") -> dict[str, Any]:
     """Build (or finish building) the starter into `out_dir`; returns the datasheet. Every stage resumes:
     existing demonstrations are reused, SFT resumes from its latest checkpoint."""
     from mpa_jax import rollout
@@ -152,6 +167,8 @@ def build_starter(config: Any, workdir: str, out_dir: str, *, eval_seen: int = 9
                        "by_category": {k: v["success_rate"] for k, v in summary["by_category"].items()}},
         "build_wall_s_this_invocation": time.perf_counter() - t0,
     }
+    if note:
+        sheet["note"] = note
     with open(os.path.join(out_dir, DATASHEET), "w", encoding="utf-8") as f:
         json.dump(sheet, f, indent=2, sort_keys=True)
     return sheet
