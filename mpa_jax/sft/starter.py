@@ -98,7 +98,9 @@ def train_summary(metrics_path: str) -> dict[str, float]:
             loss = rec["train/loss"]
         if "eval/loss" in rec:
             eval_loss = rec["eval/loss"]
-    return {"steps": steps, "loss_tokens": tokens, "train_seconds": seconds, "train_loss": loss, "eval_loss": eval_loss}
+    timed = any("train/seconds" in r for r in _records(metrics_path))
+    return {"steps": steps, "loss_tokens": tokens, "train_seconds": seconds if timed else None, "train_loss": loss,
+            "eval_loss": eval_loss}
 
 
 def success_curve(metrics_path: str) -> list[dict[str, float]]:
