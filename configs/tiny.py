@@ -120,6 +120,25 @@ def get_config() -> ml_collections.ConfigDict:
     c.serve.max_batch = 8
     c.serve.max_new_tokens = 256  # default for chat completions without max_tokens
 
+    # Planner context format (envs/context.py): "json" = tool schemas through the chat template (real
+    # checkpoints); "compact" = one-line signatures in the system message (~3x fewer tokens per episode).
+    # reasoning: the oracle's <think> text in demonstrations ("full") or none ("none").
+    c.context = ml_collections.ConfigDict()
+    c.context.format = "json"
+    c.context.reasoning = "full"
+
+    # The demo (`make demo`): starts from the shipped starter planner (configs/starter.py, `mpa starter`);
+    # "" trains from scratch instead. Evaluation: dev tasks of seen and of held-out templates, greedy.
+    c.demo = ml_collections.ConfigDict()
+    c.demo.starter = "starter"
+    c.demo.eval_seen = 32
+    c.demo.eval_held_out = 16
+    c.demo.refresh_tasks = 800  # train-split oracle episodes of the SFT refresh (stratified)
+    c.demo.refresh_steps = 60
+    c.demo.refresh_lr = 5e-5  # fresh AdamW moments: 3e-4 for 40 steps cost the starter 29% -> 17% (docs/learning.md)
+    c.demo.refresh_warmup = 10
+    c.demo.refresh_batch_size = 8
+
     # CARE RL (next round); the keys are fixed here so that configs and overrides are stable.
     c.rl = ml_collections.ConfigDict()
     c.rl.group_size = 8

@@ -16,6 +16,7 @@ import dataclasses
 import random
 from typing import Any
 
+from mpa_jax.envs import context
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Step, Task, Verification
 from mpa_jax.envs.render import action_to_message, feedback_to_message
 from mpa_jax.envs.tools import TOOLS
@@ -80,8 +81,8 @@ _HANDLER_WHY = {
 
 
 class _Runner:
-    def __init__(self, env: Any, task: Task, rng: random.Random | None) -> None:
-        self.env, self.task, self.rng = env, task, rng
+    def __init__(self, env: Any, task: Task, rng: random.Random | None, think: bool = True) -> None:
+        self.env, self.task, self.rng, self.think = env, task, rng, think
         obs = env.reset(task)
         self.messages: list[dict[str, Any]] = list(obs["messages"])
         self.tools = obs["tools"]
@@ -98,7 +99,7 @@ class _Runner:
 
     def send(self, steps: list[dict[str, Any]], reasoning: str) -> list[Feedback]:
         actions = [self._action(s) for s in steps]
-        self.messages.append(action_to_message(actions, reasoning=reasoning))
+        self.messages.append(action_to_message(actions, reasoning=reasoning if self.think else None))
         fbs = []
         for a in actions:
             fb = self.env.step(a)
@@ -149,7 +150,8 @@ class _Runner:
             step = plan[i]
             if step["kind"] == "message":
                 a = Action.message(step["text"])
-                self.messages.append(action_to_message(a, reasoning=step.get("why") or "I have everything I need to reply."))
+                why = step.get("why") or "I have everything I need to reply."
+                self.messages.append(action_to_message(a, reasoning=why if self.think else None))
                 self.env.step(a)
                 self.steps.append(Step(action=a, feedback=None))
                 return  # a message to the user ends the episode
@@ -174,14 +176,21 @@ class _Runner:
                         self.page(s, fb)
 
 
-def run_plan(env: Any, task: Task, plan: list[dict[str, Any]], seed: int | None = None) -> OracleEpisode:
-    """Run `plan` (gold or a corrupted copy) with the oracle's recovery policy; seed None = canonical."""
-    runner = _Runner(env, task, random.Random(seed) if seed is not None else None)
+def run_plan(env: Any, task: Task, plan: list[dict[str, Any]], seed: int | None = None,
+             reasoning: str | None = None) -> OracleEpisode:
+    """Run `plan` (gold or a corrupted copy) with the oracle's recovery policy; seed None = canonical.
+
+    `reasoning` "full" writes the oracle's reasoning sentences, "none" leaves them out; None = the process'
+    setting (`envs.context.current_reasoning()`).
+    """
+    think = (reasoning or context.current_reasoning()) != "none"
+    runner = _Runner(env, task, random.Random(seed) if seed is not None else None, think)
     runner.run(plan)
     return OracleEpisode(task.id, runner.messages, runner.tools, runner.steps, env.verify(), getattr(env, "ledger_hash", ""))
 
 
-def run_oracle_episode(env: Any, task: Task, seed: int = 0, variation: bool = True) -> OracleEpisode:
+def run_oracle_episode(env: Any, task: Task, seed: int = 0, variation: bool = True,
+                       reasoning: str | None = None) -> OracleEpisode:
     """Solve `task` from its gold with seeded natural variation; the chat, steps and verification."""
-    return run_plan(env, task, task.gold, seed if variation else None)
+    return run_plan(env, task, task.gold, seed if variation else None, reasoning)
 

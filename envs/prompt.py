@@ -8,14 +8,24 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from mpa_jax.envs import context
 from mpa_jax.envs.contract import Task, ToolSpec
 from mpa_jax.envs.tools import TRANSFER_LIMIT
 from mpa_jax.envs.world import Persona
 
 
-def system_prompt(task: Task, persona: Persona) -> str:
+def system_prompt(task: Task, persona: Persona, fmt: str = "json") -> str:
+    """The system text; "compact" keeps only the task-specific facts (the generic guidance is constant text
+    a model trained from scratch learns nothing from)."""
     now = dt.datetime.fromisoformat(persona.now if "now" not in task.initial_state.get("device", {})
                                     else task.initial_state["device"]["now"])
+    if fmt == "compact":
+        lines = [f"Assistant of {persona.user_name} ({persona.home_city}). Now: {now:%A, %Y-%m-%d %H:%M}."
+                 f" Transfers above {TRANSFER_LIMIT:.0f} USD are not allowed."]
+        if task.roles:
+            roles = "; ".join(f"{r}: {', '.join(sorted(t))}" for r, t in sorted(task.roles.items()) if r != "planner")
+            lines.append(f"Delegate to sub-agents: {roles}.")
+        return "\n".join(lines)
     lines = [
         f"You are the phone assistant of {persona.user_name}, who lives in {persona.home_city}.",
         f"Current date and time: {now:%A, %Y-%m-%d %H:%M}.",
@@ -32,10 +42,18 @@ def system_prompt(task: Task, persona: Persona) -> str:
     return "\n".join(lines)
 
 
-def observation(task: Task, persona: Persona, specs: list[ToolSpec]) -> dict[str, Any]:
-    """{"messages": [system, *history, user], "tools": [openai function dicts]}."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(task, persona)}]
+def observation(task: Task, persona: Persona, specs: list[ToolSpec], fmt: str | None = None) -> dict[str, Any]:
+    """{"messages": [system, *history, user], "tools": [openai function dicts]}.
+
+    `fmt` None = the process' context format (`envs.context`); "compact" puts one-line tool signatures in
+    the system message and returns no tools (the chat template then renders no schemas).
+    """
+    fmt = fmt or context.current_format()
+    system = system_prompt(task, persona, fmt)
+    if fmt == "compact":
+        system += "\n" + context.compact_tools(specs)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     for turn in task.history:
         messages.append({"role": turn["role"], "content": turn["content"]})
     messages.append({"role": "user", "content": task.instruction})
-    return {"messages": messages, "tools": [s.to_openai() for s in specs]}
+    return {"messages": messages, "tools": [] if fmt == "compact" else [s.to_openai() for s in specs]}

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat)"),
     "rl": ("mpa_jax.commands.rl", "online RL (CARE or vanilla group-relative) over the sandbox tasks"),
     "experiment": ("mpa_jax.commands.experiment", "named experiments (care-vs-vanilla)"),
+    "starter": ("mpa_jax.commands.starter", "build the starter planner (configs/starter.py) with its datasheet"),
     "demo": ("mpa_jax.commands.demo", "the end-to-end path on the embedded default"),
     "eval": ("mpa_jax.commands.eval", "evaluate a checkpoint on the held-out benchmark -> eval.json"),
     "loop": ("mpa_jax.commands.loop", "the closed loop: data, SFT, RL rounds, eval, harness -> summary.json, report.html"),
@@ -77,7 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config_file(args.config)
         for key, value in overrides:
             apply_override(config, key, value)
-    except ConfigError as e:
+        from mpa_jax.envs.context import configure as configure_context
+
+        configure_context(config)  # the planner's context format (oracle data and rollouts must agree): envs/context.py
+    except (ConfigError, ValueError) as e:
         print(f"mpa: error: {e}", file=sys.stderr)
         return 2
     if args.workdir is None:

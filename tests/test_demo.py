@@ -39,17 +39,29 @@ def test_demo_runs_end_to_end(tmp_path):
     workdir = tmp_path / "demo"
     args = [
         sys.executable, "-m", "mpa_jax.cli", "demo", "--config", str(ROOT / "configs" / "tiny.py"),
-        "--workdir", str(workdir), "--eval-tasks", "3",
+        "--workdir", str(workdir), "--eval-tasks", "2", "--eval-held-out", "1",
         "--config.oracle.max_tasks=16", "--config.sft.steps=2", "--config.sft.warmup_steps=1",
+        "--config.demo.refresh_tasks=16", "--config.demo.refresh_steps=2", "--config.demo.refresh_warmup=1",
         "--config.sft.eval_every=2", "--config.checkpoint.every=2",
         "--config.rollout.max_turns=2", "--config.rollout.max_new_tokens=8",
     ]
     res = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads((workdir / "demo_summary.json").read_text())
-    assert report["tasks"] == 3
-    for side in ("untrained", "sft"):
-        assert 0.0 <= report[side]["success_rate"] <= 1.0
-        assert (workdir / "rollouts" / f"{'untrained' if side == 'untrained' else 'sft'}.jsonl").exists()
+    assert report["tasks"] == 3 and report["tasks_seen_templates"] == 2 and report["tasks_held_out_templates"] == 1
+    starter = (ROOT / "starter" / "datasheet.json").exists()
+    assert report["columns"] == (["untrained", "starter", "starter+SFT"] if starter else ["untrained", "SFT"])
+    for name, row in report["results"].items():
+        assert 0.0 <= row["success_rate"] <= 1.0
+        assert set(row["metrics"]) >= {"success", "success_seen", "success_held_out"}
+    for name in ("untrained", "sft") + (("starter",) if starter else ()):
+        assert (workdir / "rollouts" / f"{name}.jsonl").exists()
     assert (Path(report["export_dir"]) / "config.json").exists()
-    assert "untrained" in res.stdout and "SFT" in res.stdout
+    assert "untrained" in res.stdout and "SFT" in res.stdout and "held-out templates" in res.stdout
+
+
+def test_demo_without_starter_directory_is_one_clear_error(tmp_path):
+    args = [sys.executable, "-m", "mpa_jax.cli", "demo", "--config", str(ROOT / "configs" / "tiny.py"),
+            "--workdir", str(tmp_path / "demo"), "--starter", str(tmp_path / "nowhere")]
+    res = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 2 and "nowhere" in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -10,6 +10,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="trajectory JSONL (default: config.sft.data; empty = make oracle trajectories first)")
     parser.add_argument("--export", action="store_true", help="also write the final model as a Hugging Face directory <workdir>/hf")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (the schedule keeps config.sft.steps)")
+    parser.add_argument("--eval-success", type=int, default=0, metavar="N",
+                        help="at every eval point, greedy task success on N dev tasks of templates seen in training"
+                             " (plus --eval-held-out tasks of held-out templates), logged under eval/success*")
+    parser.add_argument("--eval-held-out", type=int, default=0, metavar="M", help="held-out-template dev tasks (with --eval-success)")
+    parser.add_argument("--eval-split", default="dev", help="split of the success evaluation (default dev)")
     parser.add_argument("--distributed", action="store_true",
                         help="multi-host: call jax.distributed.initialize() (auto-detected on TPU pods, SLURM, Open MPI; "
                              "else give --coordinator/--num-processes/--process-id); run the same command on every host")
@@ -31,7 +36,12 @@ def init_distributed(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.cli import UserError
+    from mpa_jax.envs import context
 
+    try:
+        context.configure(config)  # the same context format for the demonstrations and the success rollouts
+    except ValueError as e:
+        raise UserError(str(e)) from None
     data = args.data or str(config.sft.data or "")
     if not data and args.distributed:
         raise UserError("a multi-host run needs --data (make the trajectories once with `mpa oracle` first)")
@@ -50,8 +60,18 @@ def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.sft import DataError, run_sft
     from mpa_jax.train import CheckpointError
 
+    on_eval = None
+    if args.eval_success or args.eval_held_out:
+        from mpa_jax.sft.success import dev_subset, success_eval
+        from mpa_jax.tokenizer import tokenizer_for_config
+
+        if args.eval_split == str(config.oracle.split):
+            raise UserError(f"--eval-split {args.eval_split!r} is the split the demonstrations come from")
+        tasks = dev_subset(args.eval_split, args.eval_success, args.eval_held_out, seed=int(config.tasks.seed))
+        on_eval = success_eval(config, tasks, tokenizer_for_config(config, args.workdir), os.path.join(args.workdir, "success"),
+                               log=print)
     try:
-        result = run_sft(config, args.workdir, data, export=args.export or None, max_steps=args.max_steps)
+        result = run_sft(config, args.workdir, data, export=args.export or None, max_steps=args.max_steps, on_eval=on_eval)
     except (DataError, CheckpointError, ValueError) as e:  # bad data, checkpoint or config value: one line
         raise UserError(str(e)) from None
     import jax

@@ -98,11 +98,6 @@ def read_lines(path: str, keep: set[int] | None = None) -> dict[int, bytes]:
     return out
 
 
-def file_fingerprint(path: str) -> str:
-    """sha256 of the data file: a resumed run must read the same data."""
-    return scan_file(path)[1]
-
-
 def _parse_line(path: str, lineno: int, line: bytes) -> Trajectory:
     try:
         return Trajectory.from_dict(json.loads(line))
@@ -358,9 +353,3 @@ def load_sft_data(
         fingerprint=source.fingerprint,
         stats=stats,
     )
-
-
-def stack_rows(rows: Mapping[int, Mapping[str, np.ndarray]], row_ids: Iterable[int]) -> dict[str, np.ndarray]:
-    """Stack the given rows' fields into [n, T] arrays (row order as given)."""
-    ids = list(row_ids)
-    return {k: np.stack([rows[r][k] for r in ids]) for k in FIELDS}

@@ -170,12 +170,11 @@ def run_sft(
         eval_fraction=float(sft.get("eval_fraction", 0.0)),
         only_success=bool(sft.get("only_success", False)),
     )
-    optimizer, schedule = optlib.optimizer_from_config(sft)
+    optimizer, _ = optlib.optimizer_from_config(sft)
     p_shardings = sharding.param_shardings(cfg, mesh, rules)
     family = models.registry.family_module(cfg.family)
     params_shape = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
     st_shardings = statelib.state_shardings(mesh, params_shape, p_shardings, optimizer)
-    batch_sh = {k: row_shard for k in sft_data.FIELDS}
 
     meta = {
         "model": cfg.to_hf(),
@@ -245,7 +244,9 @@ def run_sft(
                     window = []
                     elapsed = max(time.perf_counter() - window_t0, 1e-9)
                     tps = window_tokens / elapsed
-                    vals.update(tokens_per_s=tps, mfu=mlib.mfu(tps, flops_tok, jax.device_count(), peak))
+                    # tokens_per_s counts every packed token (the step's work); tokens counts the trained ones
+                    vals.update(tokens_per_s=tps, row_tokens=window_tokens, seconds=elapsed,
+                                mfu=mlib.mfu(tps, flops_tok, jax.device_count(), peak))
                     window_tokens, window_t0 = 0.0, time.perf_counter()
                     writer.write(done, vals, prefix="train/")
                     last = {"step": done, **vals}
@@ -253,10 +254,12 @@ def run_sft(
                     if bar is not None:
                         bar.update(done, vals["loss"])
                 if eval_every > 0 and done % eval_every == 0 and done != stop_at:
+                    eval_t0 = time.perf_counter()
                     ev = evaluate(state.params)
                     extra = dict(on_eval(done, state.params)) if on_eval is not None else {}
                     if ev is not None or extra:
                         writer.write(done, {**({"loss": ev} if ev is not None else {}), **extra}, prefix="eval/")
+                    window_t0 += time.perf_counter() - eval_t0  # train windows time training, not evaluations
                 final = done == stop_at
                 if checkpointer.due(done, force=final):
                     if checkpointer.save(done, state, _positions_array(data.train.positions(), row_shard, num_rows), force=final):

@@ -1,0 +1,98 @@
+"""A micro learning check: train a micro Qwen3 on one template family and measure task success on its
+held-out instances (dev split: other persona worlds and instance seeds).
+
+    python -m mpa_jax.sft.micro --workdir /tmp/micro [--template contact_group.create] [--steps 200]
+
+prints one JSON line (success, train loss, unigram baseline, seconds). tests/test_learning.py runs it in a
+subprocess on one host device (eight virtual devices on two busy cores make the all-reduce rendezvous of
+XLA:CPU wait on threads the OS has not scheduled), docs/learning.md uses it for quick sweeps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "tiny.py")
+
+
+def micro_config(vocab: int, hidden: int, layers: int, steps: int, lr: float, fmt: str = "compact",
+                 reasoning: str = "none") -> Any:
+    """configs/tiny.py shrunk to a micro model and a short SFT schedule (default: compact context, no reasoning)."""
+    from mpa_jax.config import load_config_file
+
+    c = load_config_file(CONFIG)
+    m = c.model
+    m.vocab_size, m.hidden_size, m.intermediate_size, m.num_hidden_layers = vocab, hidden, 3 * hidden, layers
+    m.num_attention_heads, m.num_key_value_heads, m.head_dim, m.max_position_embeddings = 4, 2, hidden // 4, 1024
+    c.context.format, c.context.reasoning = fmt, reasoning
+    c.sft.update(dict(seq_len=512 if fmt == "compact" else 2048, batch_size=8, steps=steps, lr=lr, warmup_steps=5, eval_every=0, log_every=50, eval_fraction=0.0))
+    c.checkpoint.every, c.checkpoint.async_save = 10_000, False
+    c.rollout.update(dict(max_turns=3, max_new_tokens=40, max_total_tokens=1024, batch_size=16))
+    return c
+
+
+def learn_one_family(workdir: str, template: str = "contact_group.create", n_train: int = 64, n_dev: int = 12,
+                     steps: int = 200, hidden: int = 128, layers: int = 2, lr: float = 3e-3, vocab: int = 512,
+                     fmt: str = "compact", reasoning: str = "none") -> dict[str, Any]:
+    """Oracle demonstrations of `template` on the train split -> a project BPE of `vocab` ids -> SFT of a
+    micro model -> greedy success on the dev split's instances of the template (before and after)."""
+    from mpa_jax.commands.oracle import episode_to_trajectory
+    from mpa_jax.envs import context, make_env, run_oracle_episode, write_jsonl
+    from mpa_jax.envs.benchmark import generate_split
+    from mpa_jax.sft import run_sft
+    from mpa_jax.sft.success import success_eval
+    from mpa_jax.tokenizer.build import build_tokenizer
+    from mpa_jax.tokenizer.template import QWEN3_CHAT_TEMPLATE, render_chat
+
+    t0 = time.perf_counter()
+    c = micro_config(vocab, hidden, layers, steps, lr, fmt, reasoning)
+    context.configure(c)
+    train = generate_split("train", per_template=n_train, templates=[template])
+    dev = generate_split("dev", per_template=n_dev, templates=[template])
+    if not train or not dev:
+        raise ValueError(f"template {template!r} has no train or no dev instances (a held-out template?)")
+    env = make_env("sandbox")
+    episodes = [run_oracle_episode(env, t, seed=i) for i, t in enumerate(train)]
+    tok_dir = os.path.join(workdir, "tokenizer")
+    texts = [render_chat(None, e.messages, e.tools or None, chat_template=QWEN3_CHAT_TEMPLATE) for e in episodes]
+    tok = build_tokenizer(texts, vocab, tok_dir)
+    data = os.path.join(workdir, "data.jsonl")
+    write_jsonl(data, [episode_to_trajectory(tok, t, e, i, vocab) for i, (t, e) in enumerate(zip(train, episodes))])
+    c.tokenizer.path = tok_dir
+    hook = success_eval(c, dev, tok, os.path.join(workdir, "success"))
+    curve: dict[int, dict[str, float]] = {}
+
+    def on_eval(step: int, params: Any) -> dict[str, float]:
+        curve[step] = hook(step, params)
+        return curve[step]
+
+    result = run_sft(c, os.path.join(workdir, "run"), data, on_eval=on_eval, progress=False)
+    return {"template": template, "train_tasks": len(train), "dev_tasks": len(dev), "steps": steps,
+            "hidden": hidden, "layers": layers, "lr": lr, "context": f"{fmt}/{reasoning}", "success": curve[steps]["success"],
+            "success_seen": curve[steps].get("success_seen"), "train_loss": result.train_loss,
+            "unigram_loss": result.unigram_loss, "metrics_path": result.metrics_path, "seconds": time.perf_counter() - t0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--template", default="contact_group.create")
+    p.add_argument("--train", type=int, default=64)
+    p.add_argument("--dev", type=int, default=12)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--format", default="compact", choices=("compact", "json"))
+    p.add_argument("--reasoning", default="none", choices=("none", "full"))
+    a = p.parse_args(argv)
+    out = learn_one_family(a.workdir, a.template, a.train, a.dev, a.steps, a.hidden, a.layers, a.lr, fmt=a.format, reasoning=a.reasoning)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

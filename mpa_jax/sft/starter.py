@@ -1,0 +1,184 @@
+"""The starter planner: build it from `configs/starter.py`, describe it in a datasheet, check a shipped copy.
+
+    mpa starter --config configs/starter.py --workdir runs/starter --out starter
+
+runs, each step resumable: the project tokenizer -> oracle demonstrations on the train split (only) ->
+`run_sft` with task-success evaluations on a dev subset -> export (bf16 safetensors + tokenizer) ->
+a final greedy evaluation on dev tasks of seen and of held-out templates -> `<out>/datasheet.json` and
+`<out>/metrics.jsonl`. The datasheet records the recipe (the config sections that decide the weights),
+the data, steps, tokens, wall time and the held-out metrics; `check_datasheet` compares it with the
+recipe as the repository has it now (tests/test_learning.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from typing import Any, Mapping
+
+# The config sections that decide the starter's weights (others - serve, rl, rollout - do not).
+RECIPE_SECTIONS = ("model", "tokenizer", "tasks", "oracle", "sft", "context")
+RECIPE_TOP = ("seed",)
+# Recipe keys that only move files around or change logging, not the weights.
+NOT_RECIPE = {"sft.data", "sft.export", "sft.export_dtype", "sft.log_every", "sft.peak_flops", "tokenizer.path",
+              "model.init_from", "sft.eval_every", "sft.eval_batches"}
+DATASHEET = "datasheet.json"
+DEFAULT_DIR = "starter"
+
+
+def recipe_values(config: Any) -> dict[str, Any]:
+    """The flattened recipe: `section.key` -> value for RECIPE_SECTIONS (tuples as lists, JSON-ready)."""
+    out: dict[str, Any] = {k: config.get(k) for k in RECIPE_TOP}
+    for section in RECIPE_SECTIONS:
+        sec = config.get(section, None)
+        if sec is None:
+            continue
+        for key, value in sec.to_dict().items():
+            name = f"{section}.{key}"
+            if name not in NOT_RECIPE:
+                out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def recipe_hash(values: Mapping[str, Any]) -> str:
+    """sha256 (16 hex) of the recipe values in canonical JSON."""
+    blob = json.dumps(dict(values), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def check_datasheet(sheet: Mapping[str, Any], config: Any) -> list[str]:
+    """Differences between a datasheet's recipe and `config`'s: one line per key (empty = they match).
+
+    Keys the config gained after the build (new options with their defaults) are not differences; keys
+    whose value changed, or that disappeared, are.
+    """
+    now = recipe_values(config)
+    out = []
+    for key, value in sorted(sheet["recipe"].items()):
+        if key not in now:
+            out.append(f"{key}: in the datasheet ({value!r}) but no longer in the config")
+        elif json.loads(json.dumps(now[key], default=str)) != value:
+            out.append(f"{key}: datasheet {value!r}, config now {now[key]!r}")
+    return out
+
+
+def load_datasheet(path: str = DEFAULT_DIR) -> dict[str, Any]:
+    """The datasheet of a starter directory."""
+    with open(os.path.join(path, DATASHEET), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _records(metrics_path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, one per (kind, step): a resumed run logs some steps twice; the last wins."""
+    by_key: dict[tuple[str, int], dict[str, Any]] = {}
+    with open(metrics_path, encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            kind = next((k.split("/")[0] for k in rec if "/" in k), "")
+            by_key[(kind, int(rec["step"]))] = {**by_key.get((kind, int(rec["step"])), {}), **rec}
+    return [by_key[k] for k in sorted(by_key, key=lambda k: (k[1], k[0]))]
+
+
+def _window_seconds(rec: Mapping[str, Any]) -> float:
+    """Seconds of one logged window (train/seconds; runs before that key: 0, their wall time is in the note)."""
+    return float(rec.get("train/seconds", 0.0))
+
+
+def train_summary(metrics_path: str) -> dict[str, float]:
+    """Steps, loss tokens, training seconds (sum of the logged windows, evaluations between them included) and the last
+    train/held-out loss from a run's metrics.jsonl."""
+    steps, tokens, seconds, loss, eval_loss = 0, 0.0, 0.0, float("nan"), None
+    for rec in _records(metrics_path):
+        if "train/tokens" in rec:
+            steps = max(steps, int(rec["step"]))
+            tokens += rec["train/tokens"]
+            seconds += _window_seconds(rec)
+            loss = rec["train/loss"]
+        if "eval/loss" in rec:
+            eval_loss = rec["eval/loss"]
+    timed = any("train/seconds" in r for r in _records(metrics_path))
+    return {"steps": steps, "loss_tokens": tokens, "train_seconds": seconds if timed else None, "train_loss": loss,
+            "eval_loss": eval_loss}
+
+
+def success_curve(metrics_path: str) -> list[dict[str, float]]:
+    """One row per success evaluation: step, loss tokens and training seconds so far, the eval/success* values."""
+    out, tokens, seconds = [], 0.0, 0.0
+    for rec in _records(metrics_path):
+        if "train/tokens" in rec:
+            tokens += rec["train/tokens"]
+            seconds += _window_seconds(rec)
+        if "eval/success" in rec:
+            out.append({"step": rec["step"], "loss_tokens": tokens, "train_seconds": seconds,
+                        **{k[5:]: v for k, v in rec.items() if k.startswith("eval/success")}})
+    return out
+
+
+def build_starter(config: Any, workdir: str, out_dir: str, *, eval_seen: int = 96, eval_held_out: int = 48,
+                  curve_seen: int = 32, curve_held_out: int = 16, data: str | None = None,
+                  log: Any = print, note: str = "") -> dict[str, Any]:
+    """Build (or finish building) the starter into `out_dir`; returns the datasheet. Every stage resumes:
+    existing demonstrations are reused, SFT resumes from its latest checkpoint."""
+    from mpa_jax import rollout
+    from mpa_jax.commands.oracle import make_oracle_trajectories
+    from mpa_jax.envs import context
+    from mpa_jax.sft.success import dev_subset, success_eval, success_metrics
+    from mpa_jax.sft.trainer import run_sft
+    from mpa_jax.tokenizer import tokenizer_for_config
+
+    t0 = time.perf_counter()
+    context.configure(config)
+    os.makedirs(workdir, exist_ok=True)
+    tok = tokenizer_for_config(config, workdir)
+    data = data or os.path.join(workdir, f"oracle-{config.oracle.split}.jsonl")
+    if not os.path.isfile(data):
+        data = make_oracle_trajectories(config, workdir, out=data)
+    seed = int(config.tasks.seed)
+    on_eval = None
+    if curve_seen or curve_held_out:
+        on_eval = success_eval(config, dev_subset("dev", curve_seen, curve_held_out, seed), tok,
+                               os.path.join(workdir, "success"), log=log)
+    result = run_sft(config, workdir, data, export=True, on_eval=on_eval)
+    final_tasks = dev_subset("dev", eval_seen, eval_held_out, seed)
+    path = os.path.join(workdir, "rollouts", "final-dev.jsonl")
+    summary = rollout.run_rollouts(config, result.export_dir, tasks=final_tasks, out_path=path, workdir=workdir,
+                                   greedy=True, label="starter")
+    final = success_metrics(summary, path, final_tasks)
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    shutil.copytree(result.export_dir, out_dir)
+    shutil.copy(result.metrics_path, os.path.join(out_dir, "metrics.jsonl"))
+    with open(data, "rb") as f:
+        n_episodes = sum(1 for _ in f)
+    recipe = recipe_values(config)
+    sheet = {
+        "name": "starter planner",
+        "command": "mpa starter --config configs/starter.py --workdir runs/starter --out starter",
+        "recipe": recipe,
+        "recipe_hash": recipe_hash(recipe),
+        "context": {"format": context.current_format(), "reasoning": context.current_reasoning()},
+        "data": {"split": str(config.oracle.split), "episodes": n_episodes, "per_template": int(config.tasks.per_template),
+                 "fingerprint": _sha256(data)},
+        "train": train_summary(result.metrics_path),
+        "rows_per_step": int(config.sft.batch_size), "seq_len": int(config.sft.seq_len),
+        "success_curve": success_curve(result.metrics_path),
+        "final_eval": {"split": "dev", "greedy": True, "tasks_seen_templates": eval_seen,
+                       "tasks_held_out_templates": eval_held_out, **final,
+                       "by_category": {k: v["success_rate"] for k, v in summary["by_category"].items()}},
+        "build_wall_s_this_invocation": time.perf_counter() - t0,
+    }
+    if note:
+        sheet["note"] = note
+    with open(os.path.join(out_dir, DATASHEET), "w", encoding="utf-8") as f:
+        json.dump(sheet, f, indent=2, sort_keys=True)
+    return sheet
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
