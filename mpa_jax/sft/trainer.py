@@ -330,11 +330,12 @@ def _spec_axes(shard: NamedSharding) -> tuple[str, ...]:
 
 
 def _tokenizer_dir(config: Any, workdir: str) -> str | None:
-    """The tokenizer directory to ship with an export: config.tokenizer.path, else <workdir>/tokenizer."""
-    for cand in (str(config.tokenizer.get("path", "") or ""), os.path.join(workdir, "tokenizer")):
-        if cand and os.path.isdir(cand):
-            return cand
-    return None
+    """The tokenizer directory to ship with an export: the run's own (tokenizer.path, the init_from
+    checkpoint's, or the project BPE in <workdir>/tokenizer; see `tokenizer.select`)."""
+    from mpa_jax.tokenizer import tokenizer_dir_for_config
+
+    cand = tokenizer_dir_for_config(config, workdir)
+    return cand if cand and os.path.isdir(cand) else None
 
 
 class _Bar:
