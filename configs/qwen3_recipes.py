@@ -42,16 +42,19 @@ SHAPES = {
 # smallest. Rows are packed sequences of `seq_len` tokens (oracle episodes are 1-3k tokens), so a
 # batch is rows * seq_len tokens (~0.5M for 1.7B/8B, ~1M for the 27B/35B). Remat: 1.7B keeps the
 # dot outputs (fits one 80 GB GPU at 8 rows of 8k), larger models recompute the whole layer.
+# Scanned layers: compile time no longer grows with depth (docs/perf.md).
 RECIPES = {
-    "qwen3_1_7b": dict(lr=2e-5, batch_size=64, seq_len=8192, micro_batches=1, remat="dots",
+    "qwen3_1_7b": dict(lr=2e-5, batch_size=64, seq_len=8192, micro_batches=1, remat="dots", scan_layers=True,
                        mesh=dict(data=1, fsdp=-1, tensor=1, expert=1)),
-    "qwen3_8b": dict(lr=1e-5, batch_size=64, seq_len=8192, micro_batches=2, remat="full",
+    "qwen3_8b": dict(lr=1e-5, batch_size=64, seq_len=8192, micro_batches=2, remat="full", scan_layers=True,
                      mesh=dict(data=1, fsdp=-1, tensor=1, expert=1)),
-    "qwen3_5_27b": dict(lr=5e-6, batch_size=128, seq_len=8192, micro_batches=4, remat="full",
+    "qwen3_5_27b": dict(lr=5e-6, batch_size=128, seq_len=8192, micro_batches=4, remat="full", scan_layers=True,
                         mesh=dict(data=1, fsdp=-1, tensor=1, expert=1)),
     # Experts over the `expert` axis when it is > 1 (--config.mesh.expert=8): the batch then also splits
     # over it, as over fsdp, so no device idles on the dense layers.
-    "qwen3_5_35b_a3b": dict(lr=1e-5, batch_size=128, seq_len=8192, micro_batches=4, remat="full",
+    # Not scanned: released MoE checkpoints store experts per expert, which the stacked layout does not
+    # map yet (models/qwen3_5.hf_mapping).
+    "qwen3_5_35b_a3b": dict(lr=1e-5, batch_size=128, seq_len=8192, micro_batches=4, remat="full", scan_layers=False,
                             mesh=dict(data=1, fsdp=-1, tensor=1, expert=1),
                             rules={"batch": ("data", "fsdp", "expert")}),
 }
@@ -75,6 +78,7 @@ def get_config(arg: str = "qwen3_8b") -> ml_collections.ConfigDict:
     m.param_dtype = "float32"  # master weights; AdamW moments take the same dtype
     m.compute_dtype = "bfloat16"
     m.remat = recipe["remat"]
+    m.scan_layers = recipe["scan_layers"]  # one compiled block instead of L layers (models/scan.py)
     m.logprob_chunk = 8192  # vocabulary chunk: [tokens, 8192] float32 logits at a time
     c.tokenizer.vocab_size = shape["vocab_size"]  # only for from-scratch runs (init_from brings its own)
 

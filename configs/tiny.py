@@ -120,6 +120,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.serve.max_batch = 8
     c.serve.max_new_tokens = 256  # default for chat completions without max_tokens
 
+    # Scale settings (issue 17): scanned layers, accelerator attention, MoE aux loss in the SFT loss.
+    c.model.scan_layers = False  # stacked layer params + one lax.scan (compile time independent of depth)
+    c.model.attention_impl = "xla"  # xla | cudnn (GPU fused attention) | splash (TPU Pallas kernel)
+
     # CARE RL (next round); the keys are fixed here so that configs and overrides are stable.
     c.rl = ml_collections.ConfigDict()
     c.rl.group_size = 8

@@ -49,13 +49,14 @@ import jax
 import jax.numpy as jnp
 
 from mpa_jax.models import layers, registry
-from mpa_jax.models.config import ModelConfig, config_from_ml
+from mpa_jax.models.config import ModelConfig, config_from_ml, run_model_config
 from mpa_jax.models.hf_io import Model, from_pretrained, save_pretrained
 
 __all__ = [
     "ModelConfig",
     "Model",
     "config_from_ml",
+    "run_model_config",
     "init_params",
     "param_logical_axes",
     "hidden_states",

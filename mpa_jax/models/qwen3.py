@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mpa_jax.models import layers, specs
+from mpa_jax.models import layers, scan, specs
 from mpa_jax.models.config import ModelConfig
 from mpa_jax.models.hf_io import TensorMap
 
@@ -62,6 +62,8 @@ def _shapes(cfg: ModelConfig) -> dict[str, Any]:
             "down_proj": lin(i, d, ("mlp", "embed")),
         },
     }
+    if cfg.scan_layers:  # one stacked layer tree [L, ...]: the decoder is one lax.scan (scan.py)
+        return specs.decoder_tree(cfg, scan.stack_specs([layer] * cfg.num_hidden_layers, 1), norm(d))
     return specs.decoder_tree(cfg, {str(n): layer for n in range(cfg.num_hidden_layers)}, norm(d))
 
 
@@ -114,9 +116,16 @@ def hf_mapping(cfg: ModelConfig) -> list[TensorMap]:
     for path, _ in jax.tree_util.tree_flatten_with_path(_shapes(cfg), is_leaf=specs.is_spec)[0]:
         keys = tuple(k.key for k in path)
         transpose = keys[-1] == "kernel"
-        name = ".".join(keys[:-1] + ("weight" if transpose else keys[-1],))
-        maps.append(TensorMap(keys, (name,), transpose))
+        per_layer = scan.expand_layer_keys(keys, 1, cfg.num_hidden_layers) if cfg.scan_layers else [keys]
+        names = tuple(".".join(k[:-1] + ("weight" if transpose else k[-1],)) for k in per_layer)
+        maps.append(TensorMap(keys, names, transpose))
     return maps
+
+
+def layer_params(cfg: ModelConfig, params: Params) -> dict[str, Params]:
+    """{str(n): layer n's params}, whether the layers are stacked (scan_layers) or not."""
+    stacked = params["model"]["layers"]
+    return scan.unstack(stacked, 1) if cfg.scan_layers else stacked
 
 
 # ---- forward ------------------------------------------------------------------------------------------
@@ -205,6 +214,9 @@ def hidden_states(
 
     layer_fn = layers.remat_wrap(layer_fn, cfg.remat)
     x = _embed(cfg, params, input_ids)
+    if cfg.scan_layers:
+        x, _ = scan.run(params["model"]["layers"], x, [lambda p, h: (layer_fn(p, h), None)])
+        return layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
     for n in range(cfg.num_hidden_layers):
         x = layer_fn(params["model"]["layers"][str(n)], x)
     return layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
@@ -264,8 +276,9 @@ def decode(
     scale = cfg.head_dim**-0.5
     x = _embed(cfg, params, input_ids)
     new_layers = {}
+    all_layers = layer_params(cfg, params)
     for n in range(cfg.num_hidden_layers):
-        p = params["model"]["layers"][str(n)]
+        p = all_layers[str(n)]
         cache = state["layers"][str(n)]
         h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         q, k, v = _qkv_fused(cfg, p["self_attn"], h, cos, sin)

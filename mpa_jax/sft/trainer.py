@@ -86,20 +86,7 @@ def _local_rows(shard: NamedSharding, num_rows: int, seq_len: int) -> list[int]:
 
 def _model_and_params_source(config: Any) -> tuple[models.ModelConfig, str]:
     """The model config (from config.model, or the HF dir in config.model.init_from) and that dir."""
-    init_from = str(config.model.get("init_from", "") or "")
-    if init_from:
-        import json
-
-        path = os.path.join(init_from, "config.json")
-        if not os.path.isfile(path):
-            raise ValueError(f"config.model.init_from={init_from} has no config.json")
-        with open(path, encoding="utf-8") as f:
-            hf = json.load(f)
-        cfg = models.ModelConfig.from_hf(
-            hf, param_dtype=config.model.param_dtype, compute_dtype=config.model.compute_dtype, remat=config.model.remat
-        )
-        return cfg, init_from
-    return models.config_from_ml(config.model), ""
+    return models.run_model_config(config)
 
 
 def _window_mean(window: list[Mapping[str, jax.Array]]) -> dict[str, float]:
