@@ -1,7 +1,7 @@
 """Pretrained init is right by construction: a run with `model.init_from` uses that checkpoint's own
 tokenizer (never a freshly built project BPE), refuses a tokenizer that does not fit the embedding, and
-the whole path oracle data -> SFT -> export -> reload works on a real (tiny) Hugging Face checkpoint
-written by `transformers`."""
+the whole path oracle data -> SFT (scanned layers) -> export -> reload works on a real (tiny) Hugging
+Face checkpoint written by `transformers`."""
 import json
 import os
 
@@ -27,7 +27,7 @@ def hf_dir(tmp_path_factory):
     tok = build_tokenizer(synthetic_corpus(n=80), 520, str(d))
     torch.manual_seed(0)
     hf_cfg = transformers.Qwen3Config(
-        vocab_size=tok.vocab_size + EXTRA_ROWS, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        vocab_size=tok.vocab_size + EXTRA_ROWS, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True,
         max_position_embeddings=4096, eos_token_id=tok.token_id("<|im_end|>"), pad_token_id=tok.pad_id,
     )
@@ -42,6 +42,7 @@ def _config(hf: str, tmp: str):
     c.tokenizer.vocab_size = 700  # likewise the project BPE size
     c.oracle.max_tasks = 24
     c.sft.export_dtype = "float32"
+    c.model.scan_layers = True  # a run setting applied on top of the checkpoint's config: stacked in training, HF layout on disk
     return c
 
 
