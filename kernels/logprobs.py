@@ -4,6 +4,11 @@
 pass: a scan walks the vocabulary `chunk_size` columns at a time keeping an online log-sum-exp, and
 a custom VJP recomputes each chunk's logits in the backward scan. Live memory is O(B*T*chunk) for
 logits plus the [D, V] weight gradient. `naive_logprobs` is the plain reference.
+
+`vocab_limit` (both functions): columns >= vocab_limit are outside the softmax, as if their logits
+were -inf. These are the embedding's padding rows that the tokenizer can never produce; the rollout
+engines mask the same ids when sampling (`rollout.sampling.mask_vocab`), so behaviour and learner
+log-probs stay equal. The chunked kernel simply walks only the first vocab_limit columns.
 """
 from __future__ import annotations
 
@@ -14,14 +19,31 @@ import jax.numpy as jnp
 
 
 def naive_logprobs(
-    hidden: jax.Array, unembed: jax.Array, targets: jax.Array, temperature: float = 1.0
+    hidden: jax.Array,
+    unembed: jax.Array,
+    targets: jax.Array,
+    temperature: float = 1.0,
+    vocab_limit: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Reference: full float32 logits, log_softmax, gather; returns (logp, entropy) [B, T]."""
+    limit = _check_limit(vocab_limit, unembed.shape[1], "naive_logprobs")
     logits = jnp.einsum("btd,dv->btv", hidden, unembed, preferred_element_type=jnp.float32) / temperature
+    allowed = jnp.arange(unembed.shape[1]) < limit
+    logits = jnp.where(allowed, logits, -jnp.inf)
     logp_all = jax.nn.log_softmax(logits, axis=-1)
     logp = jnp.take_along_axis(logp_all, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    safe = jnp.where(allowed, logp_all, 0.0)  # no -inf * 0 in the entropy or its gradient
+    entropy = -jnp.sum(jnp.where(allowed, jnp.exp(safe) * safe, 0.0), axis=-1)
     return logp, entropy
+
+
+def _check_limit(vocab_limit: int | None, vocab: int, name: str) -> int:
+    """The number of columns inside the softmax: `vocab_limit`, or all V when None."""
+    if vocab_limit is None:
+        return vocab
+    if isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int) or not 1 <= vocab_limit <= vocab:
+        raise ValueError(f"{name}: vocab_limit must be an int in [1, {vocab}] (the unembedding's columns), got {vocab_limit!r}")
+    return vocab_limit
 
 
 def chunked_logprobs(
@@ -30,13 +52,15 @@ def chunked_logprobs(
     targets: jax.Array,
     chunk_size: int = 4096,
     temperature: float = 1.0,
+    vocab_limit: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """log p(target) and the entropy of the softmax(hidden @ unembed / temperature) distribution.
 
     hidden [B, T, D] and unembed [D, V] in any float dtype (matmuls accumulate in float32); targets
-    [B, T] int in [0, V) (out-of-range targets, e.g. an ignore index, give meaningless values that
-    the caller must mask). Returns float32 (logp [B, T], entropy [B, T]); differentiable with respect
-    to hidden and unembed.
+    [B, T] int in [0, vocab_limit) (out-of-range targets, e.g. an ignore index, give meaningless
+    values that the caller must mask). `vocab_limit` (default V): only columns below it take part in
+    the softmax; the gradient of the others is zero. Returns float32 (logp [B, T], entropy [B, T]);
+    differentiable with respect to hidden and unembed.
     """
     if hidden.ndim != 3 or unembed.ndim != 2 or targets.shape != hidden.shape[:2]:
         raise ValueError(
@@ -47,9 +71,12 @@ def chunked_logprobs(
         raise ValueError(f"chunked_logprobs: hidden width {hidden.shape[-1]} != unembed rows {unembed.shape[0]}")
     if chunk_size <= 0 or temperature <= 0:
         raise ValueError(f"chunked_logprobs: chunk_size ({chunk_size}) and temperature ({temperature}) must be > 0")
+    limit = _check_limit(vocab_limit, unembed.shape[1], "chunked_logprobs")
     b, t, d = hidden.shape
-    chunk = min(int(chunk_size), unembed.shape[1])
-    logp, ent = _chunked(hidden.reshape(b * t, d), unembed, targets.reshape(b * t).astype(jnp.int32), chunk, float(temperature))
+    chunk = min(int(chunk_size), limit)
+    logp, ent = _chunked(
+        hidden.reshape(b * t, d), unembed, targets.reshape(b * t).astype(jnp.int32), chunk, float(temperature), limit
+    )
     return logp.reshape(b, t), ent.reshape(b, t)
 
 
@@ -82,10 +109,9 @@ def _chunk_logits(h: jax.Array, w: jax.Array, start: jax.Array, chunk: int, temp
     return jnp.dot(h, wc.astype(h.dtype), preferred_element_type=jnp.float32) / temperature
 
 
-def _forward_stats(h, w, y, chunk, temperature):
-    """Online pass: (logp, entropy, lse) per row."""
+def _forward_stats(h, w, y, chunk, temperature, vocab):
+    """Online pass over the first `vocab` columns of w: (logp, entropy, lse) per row."""
     n = h.shape[0]
-    vocab = w.shape[1]
     num_chunks = -(-vocab // chunk)
 
     def body(carry, c):
@@ -115,21 +141,20 @@ def _forward_stats(h, w, y, chunk, temperature):
     return ty - lse, lse - sl / s, lse
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunked(h, w, y, chunk, temperature):
-    logp, ent, _ = _forward_stats(h, w, y, chunk, temperature)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _chunked(h, w, y, chunk, temperature, vocab):
+    logp, ent, _ = _forward_stats(h, w, y, chunk, temperature, vocab)
     return logp, ent
 
 
-def _chunked_fwd(h, w, y, chunk, temperature):
-    logp, ent, lse = _forward_stats(h, w, y, chunk, temperature)
+def _chunked_fwd(h, w, y, chunk, temperature, vocab):
+    logp, ent, lse = _forward_stats(h, w, y, chunk, temperature, vocab)
     return (logp, ent), (h, w, y, ent, lse)
 
 
-def _chunked_bwd(chunk, temperature, res, grads):
+def _chunked_bwd(chunk, temperature, vocab, res, grads):
     h, w, y, ent, lse = res
     g_logp, g_ent = grads
-    vocab = w.shape[1]
     num_chunks = -(-vocab // chunk)
     h32 = h.astype(jnp.float32)  # hoisted out of the loop
 

@@ -112,7 +112,8 @@ def test_limits_max_turns_max_tokens_and_cut_turns(tok, tasks):
     assert traj.finish_reason == "max_turns" and traj.costs["turns"] == 3
     assert traj.verification is not None and not traj.verification.infra_error
 
-    # A turn cut by max_new_tokens is closed with an unsampled <|im_end|> (mask 0).
+    # A turn cut by max_new_tokens (a runaway turn) is closed with an unsampled <|im_end|> (mask 0) and
+    # answered with an error Feedback; it is not taken as the answer.
     long_text = "word " * 200
     cfg = AgentLoopConfig(max_turns=2, max_new_tokens=8)
     (cut,) = run_episodes(ScriptedEngine(tok, [long_text]), tok, [task], lambda: make_env("sandbox"), cfg)
@@ -120,7 +121,9 @@ def test_limits_max_turns_max_tokens_and_cut_turns(tok, tasks):
     first_sampled = cut.loss_mask.index(1)
     assert cut.loss_mask[first_sampled : first_sampled + 9] == [1] * 8 + [0]
     assert cut.tokens[first_sampled + 8] == im_end
-    assert cut.finish_reason == "answer"  # plain (cut) text is a message to the user
+    assert cut.finish_reason == "max_turns" and cut.provenance["output_errors"] == {"cut_turn": 2}
+    assert all(s.feedback.error_code == ErrorCode.INVALID_ARGUMENTS and "cut off" in s.feedback.message for s in cut.steps)
+    assert summarize([cut])["output_errors"] == {"cut_turn": 2} and cut.costs["malformed_turns"] == 2
 
     prompt_len = cut.loss_mask.index(1)
     cfg = AgentLoopConfig(max_turns=8, max_new_tokens=64, max_total_tokens=prompt_len + 40)
@@ -172,4 +175,67 @@ def test_seeds_are_per_episode_and_turn(tok, tasks):
     run_episodes(engine2, tok, tasks[:3], lambda: make_env("sandbox"), AgentLoopConfig(seed=5, batch_size=3))
     assert seeds == [s for _, _, ss in engine2.calls for s in ss]
     params = engine.calls[0][1]
-    assert tok.token_id("<|im_end|>") in params.stop_token_ids and tok.token_id("<|endoftext|>") in params.stop_token_ids
+    assert params.stop_token_ids == (tok.token_id("<|im_end|>"),)  # the one token the template ends a turn with
+
+
+class _IdsEngine(ScriptedEngine):
+    """Replays fixed id lists as the model's turns (ids the text-scripted engine cannot express)."""
+
+    def __init__(self, tok, turns, finish="stop"):
+        super().__init__(tok, [""])
+        self.turns, self.finish = turns, finish
+
+    def generate(self, prompts, params, seeds=None):
+        from mpa_jax.rollout.types import GenerateResult
+
+        out = []
+        for p in prompts:
+            ids = list(self.turns[min(self._n, len(self.turns) - 1)])[: params.max_new_tokens]
+            self._n += 1
+            out.append(GenerateResult(ids, [-0.1] * len(ids), self.finish, prompt_tokens=len(p), weight_version="ids"))
+        return out
+
+
+def test_control_tokens_invalid_utf8_and_undecodable_ids_never_crash(tok, tasks):
+    task = tasks[0]
+    im_end, eot = tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")
+    env = lambda: make_env("sandbox")  # noqa: E731
+    cfg = AgentLoopConfig(max_turns=2)
+    # A sampled <|endoftext|> mid-turn: a control token in the wrong place. The stream keeps what was
+    # sampled and the chat message holds the same raw text, so the template renders the same tokens.
+    hi = tok.encode("Hi") + [eot] + tok.encode("there") + [im_end]
+    done = tok.encode("All done.") + [im_end]
+    (traj,) = run_episodes(_IdsEngine(tok, [hi, done]), tok, [task], env, cfg)
+    assert traj.finish_reason == "answer" and traj.provenance["output_errors"] == {"control_token": 1}
+    assert "<|endoftext|>" in traj.steps[0].feedback.message
+    obs = make_env("sandbox").reset(task)
+    assistant = traj.messages[len(obs["messages"])]
+    assert assistant == {"role": "assistant", "content": "Hi<|endoftext|>there"}
+    fb = traj.messages[len(obs["messages"]) + 1]["content"]
+    expected = (tk.render_chat(tok, obs["messages"], obs["tools"], add_generation_prompt=True) + "Hi<|endoftext|>there<|im_end|>"
+                "\n<|im_start|>user\n<tool_response>\n" + fb + "\n</tool_response><|im_end|>\n<|im_start|>assistant\nAll done.<|im_end|>")
+    assert tok.decode(traj.tokens) == expected and tok.encode(expected) == traj.tokens
+    # A spelled-out control string, a lone UTF-8 lead byte, an empty turn: error feedback each time.
+    spelled = tok.encode("a <|im_start|>") if tok.encode("<|im_start|>") != [tok.token_id("<|im_start|>")] else \
+        [i for ch in "<|im_start|>" for i in tok.encode(ch)]
+    lone = tok.encode("é")[:1]
+    assert tok.decode(lone) == "\ufffd"
+    (traj,) = run_episodes(_IdsEngine(tok, [spelled + [im_end], lone + [im_end]]), tok, [task], env, cfg)
+    assert traj.provenance["output_errors"] == {"control_token": 1, "invalid_utf8": 1} and traj.finish_reason == "max_turns"
+    (traj,) = run_episodes(_IdsEngine(tok, [[]]), tok, [task], env, cfg)
+    assert traj.provenance["output_errors"] == {"cut_turn": 2}
+    # An id outside the tokenizer ends the episode as infra (never a reward), with the reason.
+    (traj,) = run_episodes(_IdsEngine(tok, [[5, tok.vocab_size + 3]]), tok, [task], env, cfg)
+    assert traj.finish_reason == "infra" and traj.infra_failure and str(tok.vocab_size + 3) in traj.provenance["infra_reason"]
+    assert summarize([traj])["output_errors"] == {"undecodable_token": 1}
+
+
+def test_episodes_never_exceed_max_total_tokens(tok, tasks):
+    """Cut turns reserve room for their closing <|im_end|>: every budget, even the tightest, holds."""
+    task = tasks[0]
+    prompt_len = len(tk.ChatSession(tok, make_env("sandbox").reset(task)["messages"], make_env("sandbox").reset(task)["tools"]).ids)
+    for extra in (1, 2, 3, 9, 40, 77):
+        cfg = AgentLoopConfig(max_turns=6, max_new_tokens=16, max_total_tokens=prompt_len + extra)
+        (traj,) = run_episodes(ScriptedEngine(tok, ["word " * 50]), tok, [task], lambda: make_env("sandbox"), cfg)
+        assert len(traj.tokens) <= prompt_len + extra and traj.finish_reason == "max_tokens", (extra, len(traj.tokens))
+        assert traj.tokens[-1] == tok.token_id("<|im_end|>") or len(traj.tokens) == prompt_len

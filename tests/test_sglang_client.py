@@ -168,3 +168,38 @@ def test_agent_loop_over_http_equals_in_process(setup):
         assert a.tokens == b.tokens and a.loss_mask == b.loss_mask and a.finish_reason == b.finish_reason
         np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6)
         assert a.provenance["engine"] == "SGLangEngine" and a.provenance["weight_version"] == "a"
+
+
+def test_ids_outside_the_tokenizer_are_an_engine_error_not_a_crash():
+    """A real loopback server (a fake of an SGLang server, which cannot run here) that answers with a
+    padded-embedding id or malformed entries: the client raises EngineError naming the problem."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    answers = {
+        "pad": {"output_ids": [5, 3924], "meta_info": {"finish_reason": {"type": "length"},
+                "output_token_logprobs": [[-0.5, 5, None], [-2.0, 3924, None]]}},
+        "neg": {"output_ids": [-1], "meta_info": {"finish_reason": {"type": "length"},
+                "output_token_logprobs": [[-0.5, -1, None]]}},
+        "junk": {"output_ids": [5], "meta_info": {"finish_reason": {"type": "length"},
+                 "output_token_logprobs": [["x", 5]]}},
+        "short": {"meta_info": {"finish_reason": {"type": "length"}, "output_token_logprobs": [[-0.5]]}},
+    }
+    which = {"kind": "pad"}
+
+    @app.post("/generate")
+    async def generate(body: dict):
+        return [answers[which["kind"]] for _ in body["input_ids"]]
+
+    with ServerThread(app) as server:
+        client = SGLangEngine(server.url, max_retries=0, vocab_limit=3632)
+        for kind, match in (("pad", "token id 3924, outside the tokenizer's vocabulary \\[0, 3632\\)"),
+                            ("neg", "token id -1"), ("junk", "non-numeric logprob"), ("short", "not \\[logprob, token_id")):
+            which["kind"] = kind
+            with pytest.raises(EngineError, match=match):
+                client.generate([[1, 2]], SamplingParams(max_new_tokens=2))
+        which["kind"] = "pad"
+        (r,) = SGLangEngine(server.url, max_retries=0).generate([[1]], SamplingParams(max_new_tokens=2))
+        assert r.token_ids == [5, 3924]  # without a limit the client cannot know; the agent loop then ends the episode
+    with pytest.raises(ValueError, match="vocab_limit"):
+        SGLangEngine("http://127.0.0.1:9", vocab_limit=0)

@@ -50,12 +50,11 @@ def run(args: argparse.Namespace, config: Any) -> int:
     if str(config.rollout.engine) != "jax":
         raise UserError("mpa serve runs the embedded engine: set --config.rollout.engine=jax")
     try:
-        engine = make_engine(config, args.checkpoint)
         tokenizer = load_rollout_tokenizer(config, args.checkpoint, args.workdir)
+        # The engine never samples an id the tokenizer cannot decode (padded embedding rows).
+        engine = make_engine(config, args.checkpoint, tokenizer=tokenizer)
     except RolloutSetupError as e:
         raise UserError(str(e)) from None
-    if tokenizer.vocab_size > engine.cfg.vocab_size:
-        raise UserError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {engine.cfg.vocab_size}")
     app = create_app(
         engine,
         tokenizer,

@@ -15,16 +15,31 @@ What ends an episode (Trajectory.finish_reason):
 - "answer": the model replied with plain text (no tool call): a `message` Action to the user, sent to
   the env (which records it for answer checks).
 - "max_turns": `max_turns` assistant turns were used; "max_tokens": the episode reached
-  `max_total_tokens` (the last turn is cut to fit; feedback that would not fit is kept in `steps`
-  and `messages` but not in the tokens, so `len(tokens) <= max_total_tokens` always).
-- "infra": the env answered INFRA/TIMEOUT, raised, or the engine failed; `infra_failure` is set and
-  the Verification carries `infra_error` (DESIGN §7: such episodes never become rewards).
+  `max_total_tokens` (the last turn is cut to fit, its closing `<|im_end|>` included; feedback that
+  would not fit is kept in `steps` and `messages` but not in the tokens, so
+  `len(tokens) <= max_total_tokens` always, except for an episode whose first prompt alone leaves
+  no room: it ends at once as "infra" holding just that prompt).
+- "infra": the env answered INFRA/TIMEOUT, raised, or the engine failed (an error, an abort, or a
+  token id the tokenizer cannot decode); `infra_failure` is set and the Verification carries
+  `infra_error` (DESIGN §7: such episodes never become rewards).
 
-Malformed output (a bad tool call) is not a crash: the turn gets one error Feedback
-(`INVALID_ARGUMENTS`, the parser's message and a hint with the expected format) shown to the model as
-a tool turn, and the episode goes on. A turn that did not end with `<|im_end|>` (cut by the token
-limit, or stopped by `<|endoftext|>`) is closed by appending `<|im_end|>` with mask 0 and
-log-prob 0 so the next turn renders exactly as the chat template would.
+Model output never crashes the loop. A turn that is not a well-formed reply gets one error Feedback
+(`INVALID_ARGUMENTS`, a message naming what was wrong and a hint with the expected format) shown to
+the model as a tool turn, and the episode goes on (until its turn or token limit). The kinds, counted
+per episode in `provenance["output_errors"]` and in the summary:
+
+- "parse_error": a tool call that does not parse (bad JSON, unclosed tag, ...);
+- "cut_turn": the turn reached `max_new_tokens` before `<|im_end|>` (a runaway turn);
+- "control_token": a ChatML control token (`<|endoftext|>`, `<|im_start|>`, ...) anywhere but as the
+  turn's final `<|im_end|>`, sampled or spelled out in text;
+- "invalid_utf8": the sampled bytes do not decode as UTF-8 (U+FFFD in the text);
+- "undecodable_token": an id outside the tokenizer (only a misconfigured engine can produce one; the
+  episode ends as "infra").
+
+Generation stops only on `<|im_end|>`, the one token the chat template ends an assistant turn with, so
+the token stream is always the template's rendering of what was sampled. A turn that did not end with
+it (cut) is closed by appending `<|im_end|>` with mask 0 and log-prob 0. The token bookkeeping is
+`tokenizer.chat.ChatSession`'s.
 """
 from __future__ import annotations
 
@@ -85,40 +100,23 @@ class _Episode:
     index: int
     task: Task
     env: Any = None
-    tools: list[dict[str, Any]] | None = None
-    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    ids: list[int] = dataclasses.field(default_factory=list)
-    mask: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
+    session: Any = None  # tokenizer.chat.ChatSession: ids, loss mask, log-probs and messages
     steps: list[Step] = dataclasses.field(default_factory=list)
     turns: int = 0
     output_tokens: int = 0
     input_tokens: int = 0
     tool_calls: int = 0
     parse_errors: int = 0
+    output_errors: Counter = dataclasses.field(default_factory=Counter)
     device_s: float = 0.0
     t0: float = 0.0
     versions: list[str] = dataclasses.field(default_factory=list)
     finish_reason: str = ""
     infra: str = ""  # non-empty: why the episode is an infra failure
 
-
-def _render_copy(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages for the template with ChatML control strings removed from assistant text.
-
-    Only the part after the last assistant turn is tokenised, and it does not depend on assistant
-    text; but an assistant turn whose sampled text spells `<|im_start|>`/`<|im_end|>` would confuse
-    the template's turn boundaries, so the copy used for rendering drops those strings.
-    """
-    out = []
-    for m in messages:
-        if m.get("role") == "assistant":
-            m = dict(m)
-            for key in ("content", "reasoning_content"):
-                if isinstance(m.get(key), str):
-                    m[key] = m[key].replace("<|im_start|>", "").replace("<|im_end|>", "")
-        out.append(m)
-    return out
+    @property
+    def ids(self) -> list[int]:
+        return self.session.ids if self.session is not None else []
 
 
 def episode_seed(base: int, index: int, turn: int) -> int:
@@ -144,7 +142,8 @@ def run_episodes(
 
     cfg = cfg or AgentLoopConfig()
     im_end = tokenizer.token_id("<|im_end|>")
-    stop_ids = tuple(dict.fromkeys([im_end, *tokenizer.eos_token_ids]))
+    stop_ids = (im_end,)  # the template ends every assistant turn with it (module docstring)
+    controls = _control_tokens(tokenizer, im_end)
     queue = list(enumerate(tasks))[::-1]
     live: list[_Episode] = []
     results: dict[int, Trajectory] = {}
@@ -165,15 +164,16 @@ def run_episodes(
         try:
             ep.env = env_factory()
             obs = ep.env.reset(task)
-            ep.messages = [dict(m) for m in obs["messages"]]
-            ep.tools = list(obs.get("tools") or []) or None
-            ep.ids = tk.generation_prompt_ids(tokenizer, ep.messages, ep.tools)
+            ep.session = tk.ChatSession(tokenizer, obs["messages"], list(obs.get("tools") or []) or None)
         except Exception as e:  # noqa: BLE001 - a broken env/task is an infra failure, not a crash
             ep.infra = f"reset failed: {type(e).__name__}: {e}"
             finish(ep, "infra")
             return None
-        ep.mask = [0] * len(ep.ids)
-        ep.logprobs = [0.0] * len(ep.ids)
+        if len(ep.ids) >= cfg.max_total_tokens:
+            # Not the policy's fault and nothing to sample: never scored (kept for inspection).
+            ep.infra = f"the first prompt has {len(ep.ids)} tokens, no room under max_total_tokens={cfg.max_total_tokens}"
+            finish(ep, "infra")
+            return None
         return ep
 
     while queue or live:
@@ -186,7 +186,8 @@ def run_episodes(
         # Group live episodes by their token budget for this turn (one engine call per budget).
         groups: dict[int, list[_Episode]] = defaultdict(list)
         for ep in list(live):
-            budget = min(cfg.max_new_tokens, cfg.max_total_tokens - len(ep.ids))
+            # One token stays free for the <|im_end|> that closes a cut turn.
+            budget = min(cfg.max_new_tokens, cfg.max_total_tokens - len(ep.ids) - 1)
             if budget < 1:
                 live.remove(ep)
                 finish(ep, "max_tokens")
@@ -213,57 +214,95 @@ def run_episodes(
             share = (time.perf_counter() - t0) / len(eps)
             for ep, out in zip(eps, outs):
                 ep.device_s += share
-                ended = _after_generate(ep, out, tokenizer, im_end, cfg, tk, action_to_message, feedback_to_message, tool_call_to_action)
+                try:
+                    ended = _after_generate(ep, out, tokenizer, controls, cfg, action_to_message, feedback_to_message,
+                                            tool_call_to_action)
+                except Exception as e:  # noqa: BLE001 - a bug on one episode must not lose the others
+                    ep.infra = f"agent loop error: {type(e).__name__}: {e}"
+                    ep.finish_reason = "infra"
+                    ended = True
                 if ended:
                     live.remove(ep)
                     finish(ep, ep.finish_reason)
     return [results[i] for i in range(len(tasks))]
 
 
+def _control_tokens(tokenizer: Any, im_end: int) -> dict[int, str]:
+    """Id -> text of the tokenizer's control (special) tokens; `<|im_end|>` included."""
+    ids = set(getattr(tokenizer, "special_ids", set())) | {im_end}
+    return {i: tokenizer.id_to_token(i) for i in sorted(ids)}
+
+
+def _malformed(out: GenerateResult, sampled: list[int], text: str, controls: dict[int, str], im_end: int) -> tuple[str, str]:
+    """(kind, message) when the turn is not a well-formed reply (see the module docstring), else ("", "")."""
+    body = sampled[:-1] if sampled[-1] == im_end else sampled
+    bad = next((controls[t] for t in body if t in controls), None)
+    if bad is None:
+        body_text = text[: -len(controls[im_end])] if sampled[-1] == im_end and text.endswith(controls[im_end]) else text
+        bad = next((c for c in controls.values() if c in body_text), None)
+    if bad is not None:
+        return "control_token", f"Your reply contains the control token {bad}; end a reply only with {controls[im_end]}."
+    if out.finish_reason == "length" or sampled[-1] != im_end:
+        return "cut_turn", f"Your reply was cut off after {len(sampled)} tokens before it ended; keep replies short."
+    if "\ufffd" in text:
+        return "invalid_utf8", "Your reply is not valid UTF-8 text."
+    return "", ""
+
+
 def _after_generate(
     ep: _Episode,
     out: GenerateResult,
     tokenizer: Any,
-    im_end: int,
+    controls: dict[int, str],
     cfg: AgentLoopConfig,
-    tk: Any,
     action_to_message: Callable,
     feedback_to_message: Callable,
     tool_call_to_action: Callable,
 ) -> bool:
     """Record one sampled turn, act on it, append the feedback; True when the episode has ended."""
-    ep.input_tokens += len(ep.ids)
+    session = ep.session
+    im_end = session.im_end
+    ep.input_tokens += len(session.ids)
     ep.versions.append(out.weight_version)
     if out.finish_reason == "abort":
         ep.infra = f"engine aborted the request: {out.error}"
         ep.finish_reason = "infra"
         return True
     sampled = list(out.token_ids)
-    ep.ids += sampled
-    ep.mask += [1] * len(sampled)
-    ep.logprobs += list(out.logprobs)
-    ep.output_tokens += len(sampled)
+    bad_id = next((t for t in sampled if not 0 <= t < tokenizer.vocab_size), None)
+    if bad_id is not None:
+        # Only an engine sampling past the tokenizer can do this (make_engine(tokenizer=) prevents it).
+        ep.output_errors["undecodable_token"] += 1
+        ep.infra = f"engine returned token id {bad_id}, outside the tokenizer's {tokenizer.vocab_size} ids"
+        ep.finish_reason = "infra"
+        return True
     ep.turns += 1
-    text = tokenizer.decode(sampled)
-    if not sampled or sampled[-1] != im_end:
-        # Close the turn as the template would; the closing token was not sampled (mask 0).
-        ep.ids.append(im_end)
-        ep.mask.append(0)
-        ep.logprobs.append(0.0)
-    parsed = tk.parse_tool_calls(text)
+    call_id = f"call_{ep.turns}_0"
+    if not sampled:
+        kind, problem = "cut_turn", "Your reply was empty."
+        text = ""
+        session.close_turn()
+        session.messages.append({"role": "assistant", "content": ""})
+    else:
+        parsed = session.add_sampled(sampled, out.logprobs)
+        ep.output_tokens += len(sampled)
+        session.close_turn()
+        text = tokenizer.decode(sampled)
+        kind, problem = _malformed(out, sampled, text, controls, im_end)
     raw = text
-    if parsed.errors:
+    if not kind and parsed.errors:
+        kind = "parse_error"
         ep.parse_errors += 1
         err = parsed.errors[0]
-        action = Action(kind="tool_call", name=parsed.calls[0].name if parsed.calls else "", raw=raw)
-        fb = Feedback.error(
-            ErrorCode.INVALID_ARGUMENTS,
-            f"Your tool call could not be parsed ({err.kind}): {err.message}",
-            call_id=f"call_{ep.turns}_0",
-            hint=PARSE_HINT,
-        )
+        problem = f"Your tool call could not be parsed ({err.kind}): {err.message}"
+    if kind:
+        ep.output_errors[kind] += 1
+        name = parsed.calls[0].name if sampled and parsed.calls else ""
+        action = Action(kind="tool_call", name=name, raw=raw)
+        fb = Feedback.error(ErrorCode.INVALID_ARGUMENTS, problem, call_id=call_id, hint=PARSE_HINT)
         ep.steps.append(Step(action=action, feedback=fb))
-        ep.messages.append({"role": "assistant", "content": _strip_end(text)})
+        # The raw text (not a parsed message): what was sampled is what the chat holds.
+        session.messages[-1] = {"role": "assistant", "content": _strip_end(text)}
         new_messages = [feedback_to_message(fb)]
     elif parsed.calls:
         # tool_call_to_action also maps a `delegate` call to a delegate Action (envs/render.py).
@@ -276,7 +315,7 @@ def _after_generate(
             msg["content"] = parsed.content
         if parsed.reasoning is not None and "reasoning_content" not in msg:
             msg["reasoning_content"] = parsed.reasoning
-        ep.messages.append(msg)
+        session.messages[-1] = msg
         new_messages = []
         for action in actions:
             ep.tool_calls += 1
@@ -296,7 +335,6 @@ def _after_generate(
     else:
         # Plain text: a message to the user, which ends the episode.
         action = Action.message(parsed.content, raw=raw)
-        ep.messages.append(parsed.to_message())
         try:
             fb = ep.env.step(action)
         except Exception as e:  # noqa: BLE001
@@ -317,25 +355,19 @@ def _after_generate(
     if ep.turns >= cfg.max_turns:
         ep.finish_reason = "max_turns"
         return True
-    ids = tk.append_messages(tokenizer, ep.ids, _render_copy(ep.messages), new_messages, ep.tools)
-    ep.messages += [dict(m) for m in new_messages]
-    if len(ids) >= cfg.max_total_tokens:
+    ids = session.render_messages(new_messages)
+    if len(session.ids) + len(ids) >= cfg.max_total_tokens:
         # No room for another turn: the feedback stays in `steps`/`messages` but not in the tokens,
         # so an episode never exceeds max_total_tokens.
+        session.messages += [dict(m) for m in new_messages]
         ep.finish_reason = "max_tokens"
         return True
-    added = len(ids) - len(ep.ids)
-    ep.ids = ids
-    ep.mask += [0] * added
-    ep.logprobs += [0.0] * added
+    session.add_messages(new_messages, ids=ids)
     return False
 
 
 def _strip_end(text: str) -> str:
-    for end in ("<|im_end|>", "<|endoftext|>"):
-        if text.endswith(end):
-            return text[: -len(end)]
-    return text
+    return text[: -len("<|im_end|>")] if text.endswith("<|im_end|>") else text
 
 
 def _to_trajectory(ep: _Episode, cfg: AgentLoopConfig, engine: Any) -> Trajectory:
@@ -353,9 +385,9 @@ def _to_trajectory(ep: _Episode, cfg: AgentLoopConfig, engine: Any) -> Trajector
     versions = list(dict.fromkeys(ep.versions))
     return Trajectory(
         task_id=task.id,
-        tokens=ep.ids,
-        loss_mask=ep.mask,
-        logprobs=ep.logprobs,
+        tokens=list(ep.ids),
+        loss_mask=list(ep.session.loss_mask) if ep.session is not None else [],
+        logprobs=list(ep.session.logprobs) if ep.session is not None else [],
         steps=ep.steps,
         verification=verification,
         costs={
@@ -364,6 +396,7 @@ def _to_trajectory(ep: _Episode, cfg: AgentLoopConfig, engine: Any) -> Trajector
             "tool_calls": float(ep.tool_calls),
             "turns": float(ep.turns),
             "parse_errors": float(ep.parse_errors),
+            "malformed_turns": float(sum(ep.output_errors.values())),
             "wall_s": time.perf_counter() - ep.t0,
             "device_s": ep.device_s,
         },
@@ -382,8 +415,9 @@ def _to_trajectory(ep: _Episode, cfg: AgentLoopConfig, engine: Any) -> Trajector
             "seed": cfg.seed,
             "temperature": cfg.temperature,
             "infra_reason": ep.infra,
+            "output_errors": dict(sorted(ep.output_errors.items())),
         },
-        messages=ep.messages,
+        messages=ep.session.messages if ep.session is not None else [],
         finish_reason=ep.finish_reason,
         infra_failure=bool(ep.infra),
     )
@@ -418,5 +452,6 @@ def summarize(trajectories: Iterable[Trajectory]) -> dict[str, Any]:
         mean_tool_calls=sum(t.costs.get("tool_calls", 0.0) for t in trajs) / n_all,
         mean_turns=sum(t.costs.get("turns", 0.0) for t in trajs) / n_all,
         parse_error_turns=int(sum(t.costs.get("parse_errors", 0.0) for t in trajs)),
+        output_errors=dict(sorted(sum((Counter(t.provenance.get("output_errors") or {}) for t in trajs), Counter()).items())),
     )
     return out

@@ -49,6 +49,19 @@ def _tree_signature(tree: Any) -> tuple:
     return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
+def check_vocab_limit(vocab_limit: int | None, model_vocab: int) -> None:
+    """Raise EngineError unless `vocab_limit` (the tokenizer's size) fits the model's embedding rows."""
+    if vocab_limit is None:
+        return
+    if isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int) or vocab_limit < 1:
+        raise EngineError(f"vocab_limit must be a positive int (the tokenizer's size), got {vocab_limit!r}")
+    if vocab_limit > model_vocab:
+        raise EngineError(
+            f"the tokenizer has {vocab_limit} ids but the model's embedding has only {model_vocab} rows;"
+            " the tokenizer and the checkpoint must come from the same run"
+        )
+
+
 class JaxEngine:
     """`RolloutEngine` running a `mpa_jax.models` model in-process.
 
@@ -62,6 +75,9 @@ class JaxEngine:
         decoding its share of the batch (see the module docstring); must be 1 with a mesh.
       min_prompt_bucket, min_new_bucket: smallest shape buckets (fewer tiny compilations).
       weight_version: label reported with every result until the next `update_weights`.
+      vocab_limit: ids >= vocab_limit are never sampled (their logits are -inf in every path, greedy
+        and sampled): the tokenizer's size when the embedding is padded past it. None: the model's
+        whole vocabulary. Learner log-probs must use the same limit (`chunked_logprobs(vocab_limit=)`).
     """
 
     def __init__(
@@ -77,7 +93,9 @@ class JaxEngine:
         weight_version: str = "0",
         cache_dtype: str | None = None,
         replicas: int = 1,
+        vocab_limit: int | None = None,
     ) -> None:
+        check_vocab_limit(vocab_limit, cfg.vocab_size)
         if max_batch < 1:
             raise ValueError(f"JaxEngine: max_batch must be >= 1, got {max_batch}")
         if replicas < 1 or (mesh is not None and replicas != 1):
@@ -91,6 +109,7 @@ class JaxEngine:
         self.min_new_bucket = min_new_bucket
         self.cache_dtype = cache_dtype
         self.replicas = replicas
+        self.vocab_limit = int(vocab_limit) if vocab_limit is not None else int(cfg.vocab_size)
         self._data_size = replicas
         self._param_shardings = None
         self._replica_mesh = None
@@ -156,7 +175,7 @@ class JaxEngine:
 
     def _program(self, n_new: int, greedy: bool, filtered: bool):
         """The jitted generate program for a new-token bucket and sampling path (jax caches per shape)."""
-        return _jitted_generate(self.cfg, n_new, greedy, filtered, self.cache_dtype, self._replica_mesh)
+        return _jitted_generate(self.cfg, n_new, greedy, filtered, self.cache_dtype, self._replica_mesh, self.vocab_limit)
 
     def generate(
         self,
@@ -266,10 +285,12 @@ def _jitted_generate(
     filtered: bool,
     cache_dtype: str | None,
     replica_mesh: jax.sharding.Mesh | None = None,
+    vocab_limit: int | None = None,
 ):
-    """One jitted program per (model config, new-token bucket, sampling path, replica mesh), shared by
-    every engine instance, so a new engine or new weights of the same architecture never recompile."""
-    fn = functools.partial(_generate, cfg, n_new, greedy, filtered, cache_dtype)
+    """One jitted program per (model config, new-token bucket, sampling path, replica mesh, vocabulary
+    limit), shared by every engine instance, so a new engine or new weights of the same architecture
+    never recompile."""
+    fn = functools.partial(_generate, cfg, n_new, greedy, filtered, cache_dtype, vocab_limit)
     if replica_mesh is not None:
         from jax.sharding import PartitionSpec as P
 
@@ -290,6 +311,7 @@ def _generate(
     greedy: bool,
     filtered: bool,
     cache_dtype: str | None,
+    vocab_limit: int | None,
     params: Any,
     ids: jax.Array,
     mask: jax.Array,
@@ -320,7 +342,7 @@ def _generate(
     def body(carry):
         t, logits, state, out_tok, out_lp, done, n_gen, stopped = carry
         tok, lp = sampling.sample_step(
-            logits[:, 0], keys, t, temperature, top_k, top_p, greedy=greedy, filtered=filtered
+            sampling.mask_vocab(logits[:, 0], vocab_limit), keys, t, temperature, top_k, top_p, greedy=greedy, filtered=filtered
         )
         live = ~done
         tok = jnp.where(live, tok, 0)

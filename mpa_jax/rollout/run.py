@@ -27,14 +27,30 @@ def _is_hf_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "config.json"))
 
 
-def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None) -> RolloutEngine:
+def make_engine(
+    config: Any,
+    checkpoint: str | None = None,
+    *,
+    mesh: Any = None,
+    tokenizer: Any = None,
+    vocab_limit: int | None = None,
+) -> RolloutEngine:
     """The engine `config.rollout.engine` names ("jax" or "sglang").
 
     jax: `checkpoint` is an exported HF directory, or None for the config's model with random weights
     (seed `config.seed`; the untrained baseline). With `config.rollout.sharded`, parameters are placed
     on the mesh of `config.mesh`. sglang: a client for `config.rollout.sglang_url`; a `checkpoint`
     is loaded on the server through `/update_weights_from_disk`.
+
+    The vocabulary rule: ids the tokenizer cannot produce are never sampled. Pass the `tokenizer`
+    (its `vocab_size` becomes the engine's `vocab_limit`) or `vocab_limit` itself; a tokenizer larger
+    than the model's embedding is a RolloutSetupError here. With neither, every id may be sampled.
     """
+    if tokenizer is not None:
+        tok_size = int(tokenizer.vocab_size)
+        if vocab_limit is not None and int(vocab_limit) != tok_size:
+            raise RolloutSetupError(f"make_engine: vocab_limit {vocab_limit} differs from the tokenizer's {tok_size} ids")
+        vocab_limit = tok_size
     kind = str(config.rollout.engine)
     if checkpoint is not None and not os.path.isdir(checkpoint):
         raise RolloutSetupError(f"checkpoint {checkpoint} is not a directory")
@@ -45,7 +61,7 @@ def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None)
     if kind == "sglang":
         from mpa_jax.rollout.sglang import SGLangEngine
 
-        engine = SGLangEngine(str(config.rollout.sglang_url), request_batch=int(config.rollout.batch_size))
+        engine = SGLangEngine(str(config.rollout.sglang_url), request_batch=int(config.rollout.batch_size), vocab_limit=vocab_limit)
         if checkpoint is not None:
             engine.update_weights(os.path.abspath(checkpoint), os.path.basename(os.path.normpath(checkpoint)))
         return engine
@@ -54,7 +70,8 @@ def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None)
     import jax
 
     from mpa_jax import models
-    from mpa_jax.rollout.jax_engine import JaxEngine
+    from mpa_jax.rollout.jax_engine import JaxEngine, check_vocab_limit
+    from mpa_jax.rollout.types import EngineError
 
     rules = None
     if mesh is None and bool(config.rollout.get("sharded", False)):
@@ -62,15 +79,44 @@ def make_engine(config: Any, checkpoint: str | None = None, *, mesh: Any = None)
 
         mesh = sharding.make_mesh(config.mesh)
         rules = sharding.rules_from_config(config)
-    kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh))
+    kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh),
+              vocab_limit=None if vocab_limit is None else int(vocab_limit))
     if checkpoint is not None:
         try:
             return JaxEngine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), **kw)
+        except EngineError as e:
+            raise RolloutSetupError(f"checkpoint {checkpoint}: {e}") from None
         except ValueError as e:  # hf_io.CheckpointError and config errors name the file or tensor
             raise RolloutSetupError(f"cannot load checkpoint {checkpoint}: {e}") from None
     cfg = models.config_from_ml(config.model)
+    try:
+        check_vocab_limit(kw["vocab_limit"], cfg.vocab_size)
+    except EngineError as e:
+        raise RolloutSetupError(f"config.model: {e}") from None
     params = models.init_params(cfg, jax.random.key(int(config.seed)), mesh=mesh, rules=rules)
     return JaxEngine(cfg, params, weight_version="init", **kw)
+
+
+def check_engine_vocab(engine: Any, tokenizer: Any) -> None:
+    """RolloutSetupError unless an engine samples exactly the tokenizer's ids (its `vocab_limit`).
+
+    An engine without a `vocab_limit` attribute (a remote server) is not checked here; its client
+    turns ids outside the tokenizer into an EngineError instead.
+    """
+    limit = getattr(engine, "vocab_limit", None)
+    if limit is None:
+        return
+    size = int(tokenizer.vocab_size)
+    model_vocab = getattr(getattr(engine, "cfg", None), "vocab_size", limit)
+    if size > model_vocab:
+        raise RolloutSetupError(
+            f"tokenizer has {size} ids but the model's vocabulary is {model_vocab}; they must come from the same run"
+        )
+    if int(limit) != size:
+        raise RolloutSetupError(
+            f"the engine samples ids below {limit} but the tokenizer has {size}; build the engine with"
+            f" vocab_limit={size} (make_engine(..., tokenizer=tok)) so that it never samples an id the tokenizer cannot decode"
+        )
 
 
 def engine_replicas(config: Any, mesh: Any = None) -> int:
@@ -141,15 +187,14 @@ def run_rollouts(
     checkpoint = engine_or_checkpoint if isinstance(engine_or_checkpoint, (str, os.PathLike)) else None
     if checkpoint is not None:
         checkpoint = os.fspath(checkpoint)
-    engine = engine_or_checkpoint if checkpoint is None and engine_or_checkpoint is not None else make_engine(config, checkpoint)
     if tokenizer is None:
         tokenizer = load_rollout_tokenizer(config, checkpoint, workdir)
+    if checkpoint is None and engine_or_checkpoint is not None:
+        engine = engine_or_checkpoint
+        check_engine_vocab(engine, tokenizer)
+    else:
+        engine = make_engine(config, checkpoint, tokenizer=tokenizer)
     model_cfg = getattr(engine, "cfg", None)
-    vocab = getattr(model_cfg, "vocab_size", None)
-    if vocab is not None and tokenizer.vocab_size > vocab:
-        raise RolloutSetupError(
-            f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {vocab}; they must come from the same run"
-        )
     max_pos = getattr(model_cfg, "max_position_embeddings", None)
     if max_pos is not None and int(config.rollout.max_total_tokens) > max_pos:
         raise RolloutSetupError(
@@ -210,6 +255,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"mean output tokens {summary['mean_output_tokens']:.1f}  tool calls {summary['mean_tool_calls']:.2f}  "
         f"turns {summary['mean_turns']:.2f}  finish {summary['finish_reasons']}",
     ]
+    if summary.get("output_errors"):
+        lines.append(f"malformed turns {summary['output_errors']}")
     for key in ("by_category", "by_domain"):
         lines.append(key.replace("_", " ") + ":")
         for name, b in summary[key].items():

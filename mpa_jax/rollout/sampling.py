@@ -2,7 +2,8 @@
 
 The behaviour log-prob of a token is always the full-vocabulary log-softmax of `logits / temperature`
 (raw logits when greedy): filters (top-k, top-p) only decide which token is drawn. That is the number
-the learner recomputes with `kernels.logprobs.chunked_logprobs(..., temperature=T)`.
+the learner recomputes with `kernels.logprobs.chunked_logprobs(..., temperature=T, vocab_limit=L)`:
+the engine masks ids >= L (`mask_vocab`) before both the draw and the log-prob.
 
 Sampling uses inverse-CDF draws: one uniform per row per step instead of a Gumbel variate per
 vocabulary entry, which keeps the per-step random-number cost independent of the vocabulary. The
@@ -21,12 +22,18 @@ def scaled_logits(logits: jax.Array, temperature: jax.Array) -> jax.Array:
     return logits.astype(jnp.float32) / t
 
 
-def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: jax.Array) -> jax.Array:
-    """Log-prob of `tokens` [B] under the full-vocabulary softmax of `logits / temperature` [B, V]."""
-    z = scaled_logits(logits, temperature)
-    lse = jax.nn.logsumexp(z, axis=-1)
-    picked = jnp.take_along_axis(z, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0]
-    return picked - lse
+def mask_vocab(logits: jax.Array, vocab_limit: int | None) -> jax.Array:
+    """`logits` [B, V] with the ids >= `vocab_limit` (static) at -inf: ids the tokenizer cannot produce.
+
+    The embedding of a model is often padded past its tokenizer (the tiny model: 4,096 rows for a
+    3,632-id tokenizer); those rows are never sampled, and the learner's log-probs
+    (`kernels.logprobs.chunked_logprobs(..., vocab_limit=)`) leave them out of the softmax too.
+    None or V leaves the logits as they are.
+    """
+    vocab = logits.shape[-1]
+    if vocab_limit is None or vocab_limit >= vocab:
+        return logits
+    return jnp.where(jnp.arange(vocab) < vocab_limit, logits, -jnp.inf)
 
 
 def filter_logits(z: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:

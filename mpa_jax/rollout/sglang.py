@@ -65,8 +65,23 @@ def sampling_payload(params: SamplingParams, seed: int | None, send_seed: bool =
     return payload
 
 
-def parse_generate_item(item: Any, weight_version: str = "") -> GenerateResult:
-    """Turn one `/generate` response object into a GenerateResult; malformed -> EngineError naming the field."""
+def _entry(e: Any, i: int) -> tuple[float, int]:
+    """(logprob, token id) of one `output_token_logprobs` entry; malformed -> EngineError."""
+    if not isinstance(e, (list, tuple)) or len(e) < 2 or isinstance(e[1], bool) or not isinstance(e[1], int):
+        raise EngineError(f"SGLang /generate: output_token_logprobs[{i}] is not [logprob, token_id, ...]: {e!r}")
+    try:
+        lp = float(e[0])
+    except (TypeError, ValueError):
+        raise EngineError(f"SGLang /generate: output_token_logprobs[{i}] has a non-numeric logprob {e[0]!r}") from None
+    return lp, int(e[1])
+
+
+def parse_generate_item(item: Any, weight_version: str = "", vocab_limit: int | None = None) -> GenerateResult:
+    """Turn one `/generate` response object into a GenerateResult; malformed -> EngineError naming the field.
+
+    With `vocab_limit` (the tokenizer's size), a token id outside [0, vocab_limit) is an EngineError:
+    the server sampled an id the tokenizer cannot decode (a padded embedding row).
+    """
     if not isinstance(item, dict):
         raise EngineError(f"SGLang /generate: expected an object per prompt, got {type(item).__name__}")
     meta = item.get("meta_info")
@@ -75,16 +90,25 @@ def parse_generate_item(item: Any, weight_version: str = "") -> GenerateResult:
     entries = meta.get("output_token_logprobs")
     if not isinstance(entries, list):
         raise EngineError("SGLang /generate: meta_info.output_token_logprobs missing (was return_logprob sent?)")
+    pairs = [_entry(e, i) for i, e in enumerate(entries)]
+    lp_ids = [t for _, t in pairs]
     ids = item.get("output_ids")
-    lp_ids = [int(e[1]) for e in entries]
     if ids is None:
         ids = lp_ids
-    ids = [int(t) for t in ids]
+    if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+        raise EngineError("SGLang /generate: output_ids is not a list of integers")
     if ids != lp_ids:
         raise EngineError(
             f"SGLang /generate: output_ids ({len(ids)}) and output_token_logprobs ({len(lp_ids)}) disagree"
         )
-    logprobs = [float(e[0]) for e in entries]
+    bad = next((t for t in ids if t < 0 or (vocab_limit is not None and t >= vocab_limit)), None)
+    if bad is not None:
+        raise EngineError(
+            f"SGLang /generate: the server returned token id {bad}, outside the tokenizer's vocabulary"
+            f" [0, {vocab_limit if vocab_limit is not None else '...'}); the server's model and the tokenizer disagree"
+            " (a padded embedding row was sampled, or the wrong model is served)"
+        )
+    logprobs = [lp for lp, _ in pairs]
     fr = meta.get("finish_reason")
     if isinstance(fr, dict):
         kind = str(fr.get("type", ""))
@@ -122,8 +146,13 @@ class SGLangEngine:
         exporter: Callable[[Any, str], None] | None = None,
         export_root: str | None = None,
         weight_version: str = "",
+        vocab_limit: int | None = None,
     ) -> None:
-        """`exporter(params, out_dir)` writes an HF checkpoint; needed only to sync a params pytree."""
+        """`exporter(params, out_dir)` writes an HF checkpoint; needed only to sync a params pytree.
+
+        `vocab_limit` (the tokenizer's size): a response carrying an id at or above it is an
+        EngineError naming the id, never a token passed on to decoding.
+        """
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"SGLang base_url must start with http:// or https://, got {base_url!r}")
         if max_concurrency < 1 or request_batch < 1:
@@ -138,6 +167,9 @@ class SGLangEngine:
         self.exporter = exporter
         self.export_root = export_root
         self._weight_version = weight_version
+        if vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int) or vocab_limit < 1):
+            raise ValueError(f"SGLangEngine: vocab_limit must be a positive int (the tokenizer's size), got {vocab_limit!r}")
+        self.vocab_limit = vocab_limit
         self.device_s = 0.0  # wall time spent waiting on the server, for rollout cost accounting
 
     @property
@@ -206,7 +238,7 @@ class SGLangEngine:
                 data = [data]
             if not isinstance(data, list) or len(data) != hi - lo:
                 raise EngineError(f"SGLang /generate: expected {hi - lo} results, got {len(data) if isinstance(data, list) else data!r}")
-            return [parse_generate_item(d, self._weight_version) for d in data]
+            return [parse_generate_item(d, self._weight_version, self.vocab_limit) for d in data]
 
         async with self._client() as client:
             chunks = [(lo, min(lo + self.request_batch, len(prompts))) for lo in range(0, len(prompts), self.request_batch)]

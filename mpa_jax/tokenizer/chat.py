@@ -118,10 +118,32 @@ def append_messages(
     return list(ids) + tok.encode(suffix)
 
 
+def render_copy(messages: Messages) -> list[dict[str, Any]]:
+    """Messages for the template with ChatML control strings removed from assistant text.
+
+    Token-in/token-out renders only what follows the last assistant turn, which does not depend on
+    assistant text; but an assistant turn whose sampled text spells `<|im_start|>`/`<|im_end|>` would
+    confuse the template's turn boundaries, so the copy used for rendering drops those strings.
+    """
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("role") == "assistant":
+            for key in ("content", "reasoning_content"):
+                if isinstance(m.get(key), str):
+                    m[key] = m[key].replace(IM_START, "").replace(IM_END, "")
+        out.append(m)
+    return out
+
+
 class ChatSession:
     """One episode's token stream, built incrementally: prompt, sampled turns, tool/user turns.
 
-    Keeps `ids`, `loss_mask` (1 on sampled tokens) and `messages` (the parsed chat) in step.
+    The one token bookkeeping of a rollout (the agent loop keeps its episodes in ChatSessions): `ids`,
+    `loss_mask` (1 on sampled tokens), `logprobs` (behaviour log-probs of sampled tokens, 0 elsewhere)
+    and `messages` (the parsed chat) stay in step. Every assistant turn ends with `<|im_end|>`, as
+    the template renders it: `close_turn` appends an unsampled one (mask 0) when generation stopped
+    without it.
     """
 
     def __init__(self, tok: Tokenizer, messages: Messages, tools: Tools = None, **template_kwargs: Any):
@@ -131,29 +153,56 @@ class ChatSession:
         self.messages: list[dict[str, Any]] = [dict(m) for m in messages]
         self.ids: list[int] = generation_prompt_ids(tok, self.messages, self.tools, **template_kwargs)
         self.loss_mask: list[int] = [0] * len(self.ids)
+        self.logprobs: list[float] = [0.0] * len(self.ids)
         self.prompt_len = len(self.ids)
+        self.im_end = tok.token_id(IM_END)
 
-    def add_sampled(self, sampled_ids: Sequence[int]) -> ParsedOutput:
-        """Append the ids the model sampled for one assistant turn (mask 1) and record the parsed message."""
+    def add_sampled(self, sampled_ids: Sequence[int], logprobs: Sequence[float] | None = None) -> ParsedOutput:
+        """Append the ids the model sampled for one assistant turn (mask 1, their log-probs) and record
+        the parsed message (replace `messages[-1]` to record another). The ids must be decodable."""
         sampled = [int(i) for i in sampled_ids]
         if not sampled:
             raise ChatTemplateError("sampled_ids is empty")
+        lps = [0.0] * len(sampled) if logprobs is None else [float(x) for x in logprobs]
+        if len(lps) != len(sampled):
+            raise ChatTemplateError(f"{len(sampled)} sampled ids but {len(lps)} log-probs")
+        parsed = parse_tool_calls(self.tok.decode(sampled))
         self.ids += sampled
         self.loss_mask += [1] * len(sampled)
-        parsed = parse_tool_calls(self.tok.decode(sampled))
+        self.logprobs += lps
         self.messages.append(parsed.to_message())
         return parsed
 
     @property
     def turn_closed(self) -> bool:
         """True when the last sampled turn ended with <|im_end|> (so new turns can follow)."""
-        return bool(self.ids) and self.ids[-1] == self.tok.token_id(IM_END)
+        return bool(self.ids) and self.ids[-1] == self.im_end
 
-    def add_messages(self, new_messages: Messages, add_generation_prompt: bool = True) -> list[int]:
-        """Append tool/user turns (and the next generation prompt) with mask 0; returns the new ids."""
-        before = len(self.ids)
-        self.ids = append_messages(self.tok, self.ids, self.messages, new_messages, self.tools,
-                                   add_generation_prompt, **self.template_kwargs)
-        self.loss_mask += [0] * (len(self.ids) - before)
+    def close_turn(self) -> bool:
+        """End the last turn with an unsampled `<|im_end|>` (mask 0, log-prob 0) unless it has one;
+        True when one was appended."""
+        if self.turn_closed:
+            return False
+        self.ids.append(self.im_end)
+        self.loss_mask.append(0)
+        self.logprobs.append(0.0)
+        return True
+
+    def render_messages(self, new_messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+        """The ids `add_messages(new_messages)` would append; nothing changes."""
+        if not self.turn_closed:
+            raise ChatTemplateError("the last assistant turn is not closed by <|im_end|> (call close_turn)")
+        suffix = render_suffix(self.tok, render_copy(self.messages), new_messages, self.tools, add_generation_prompt,
+                               **self.template_kwargs)
+        return self.tok.encode(suffix)
+
+    def add_messages(self, new_messages: Messages, add_generation_prompt: bool = True,
+                     ids: Sequence[int] | None = None) -> list[int]:
+        """Append tool/user turns (and the next generation prompt) with mask 0; returns the new ids
+        (`ids`: what `render_messages` returned for the same messages, to avoid rendering twice)."""
+        new = list(ids) if ids is not None else self.render_messages(new_messages, add_generation_prompt)
+        self.ids += new
+        self.loss_mask += [0] * len(new)
+        self.logprobs += [0.0] * len(new)
         self.messages += [dict(m) for m in new_messages]
-        return self.ids[before:]
+        return new
