@@ -163,12 +163,7 @@ def export_checkpoint(
 
 
 def _expected_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
-    import jax
-
-    from mpa_jax import models
-
-    family = models.registry.family_module(cfg.family)
-    shapes = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
+    shapes = cfg.abstract_params()
     return {"/".join(p): tuple(s.shape) for p, s in _flatten(shapes)}
 
 

@@ -107,6 +107,20 @@ class ModelConfig:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
+    def abstract_params(self) -> Any:
+        """The parameter tree as ShapeDtypeStructs (jax.eval_shape of the family's init: nothing allocated).
+
+        The one helper for the abstract build that sharding, memory planning, loading and export need.
+        """
+        import jax
+
+        module = registry.family_module(self.family)
+        return jax.eval_shape(lambda r: module.init_params(self, r), jax.random.key(0))
+
+    def param_logical_axes(self) -> Any:
+        """Logical axis names per parameter (same tree as `abstract_params`)."""
+        return registry.family_module(self.family).param_logical_axes(self)
+
     @property
     def model_type(self) -> str:
         """HF model_type written to config.json by the default writer (the family name)."""

@@ -141,7 +141,7 @@ def load_params(path: "str | SafetensorsDir", cfg: Any, mesh: Any = None, rules:
 
     module = registry.family_module(cfg.family)
     store = path if isinstance(path, SafetensorsDir) else SafetensorsDir(path)
-    abstract = jax.eval_shape(lambda r: module.init_params(cfg, r), jax.random.key(0))
+    abstract = cfg.abstract_params()
     if mesh is not None:
         from mpa_jax import sharding
 

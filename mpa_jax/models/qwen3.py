@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from mpa_jax import sharding
 from mpa_jax.models import layers, scan, specs
 from mpa_jax.models.config import ModelConfig
 from mpa_jax.models.hf_io import TensorMap
@@ -142,8 +143,9 @@ def _qkv(cfg: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Arr
 
     q = layers.rms_norm(proj("q_proj", cfg.num_attention_heads), p["q_norm"]["weight"], cfg.rms_norm_eps)
     k = layers.rms_norm(proj("k_proj", cfg.num_key_value_heads), p["k_norm"]["weight"], cfg.rms_norm_eps)
-    v = proj("v_proj", cfg.num_key_value_heads)
-    return layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin), v
+    v = sharding.constrain(proj("v_proj", cfg.num_key_value_heads), layers.KV_AXES)
+    q = sharding.constrain(layers.apply_rope(q, cos, sin), layers.Q_AXES)
+    return q, sharding.constrain(layers.apply_rope(k, cos, sin), layers.KV_AXES), v
 
 
 def _qkv_fused(cfg: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array):
@@ -209,11 +211,11 @@ def hidden_states(
     def layer_fn(p: Params, x: jax.Array) -> jax.Array:
         h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         q, k, v = _qkv(cfg, p["self_attn"], h, cos, sin)
-        x = x + _out(p["self_attn"], layers.causal_attention(q, k, v, mask, scale))
-        return _mlp(cfg, p, x)
+        x = x + _out(p["self_attn"], layers.causal_attention(q, k, v, mask, scale, impl=cfg.attention_impl, segment_ids=segment_ids))
+        return sharding.constrain(_mlp(cfg, p, x), layers.EMBED_AXES)
 
     layer_fn = layers.remat_wrap(layer_fn, cfg.remat)
-    x = _embed(cfg, params, input_ids)
+    x = sharding.constrain(_embed(cfg, params, input_ids), layers.EMBED_AXES)
     if cfg.scan_layers:
         x, _ = scan.run(params["model"]["layers"], x, [lambda p, h: (layer_fn(p, h), None)])
         return layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)

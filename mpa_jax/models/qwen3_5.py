@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from mpa_jax import sharding
 from mpa_jax.models import deltanet, layers, moe, scan, specs
 from mpa_jax.models.config import ModelConfig, common_from_hf, common_to_hf
 from mpa_jax.models.hf_io import TensorMap
@@ -411,16 +412,21 @@ def forward_with_aux(
     def full_layer(p: Params, x: jax.Array):
         h = rms_norm_1p(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         q, k, v, gate = _attn_inputs(cfg, p["self_attn"], h, cos, sin)
-        x = x + _attn_out(p["self_attn"], layers.attention(q, k, v, mask, scale), gate)
-        return _mlp(cfg, p, x)
+        q, k, v = (sharding.constrain(a, ax) for a, ax in ((q, layers.Q_AXES), (k, layers.KV_AXES), (v, layers.KV_AXES)))
+        attn = layers.causal_attention(q, k, v, mask, scale, impl=cfg.attention_impl, segment_ids=segment_ids) \
+            if cfg.attention_impl != "xla" else layers.attention(q, k, v, mask, scale)
+        x = x + _attn_out(p["self_attn"], attn, gate)
+        x, logits = _mlp(cfg, p, x)
+        return sharding.constrain(x, layers.EMBED_AXES), logits
 
     def linear_layer(p: Params, x: jax.Array):
         h = rms_norm_1p(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         x = x + deltanet.forward(cfg, p["linear_attn"], h, valid, segment_ids)
-        return _mlp(cfg, p, x)
+        x, logits = _mlp(cfg, p, x)
+        return sharding.constrain(x, layers.EMBED_AXES), logits
 
     fns = {FULL: layers.remat_wrap(full_layer, cfg.remat), LINEAR: layers.remat_wrap(linear_layer, cfg.remat)}
-    x = _embed(cfg, params, input_ids)
+    x = sharding.constrain(_embed(cfg, params, input_ids), layers.EMBED_AXES)
     if cfg.scan_layers:
         block = [fns[kind] for kind in layer_types(cfg)[: scan_period(cfg)]]
         x, router_logits = scan.run(params["model"]["layers"], x, block)
@@ -510,7 +516,7 @@ def param_report(cfg: ModelConfig, mesh: Any = None, rules: Any = None) -> dict[
     experts count), bytes in param_dtype, and with `mesh` the largest per-device parameter bytes under
     `rules` (default sharding rules).
     """
-    shapes = jax.eval_shape(lambda r: init_params(cfg, r), jax.random.key(0))
+    shapes = cfg.abstract_params()
     leaves = jax.tree_util.tree_flatten_with_path(shapes)[0]
     total = sum(int(x.size) for _, x in leaves)
     routed = sum(int(x.size) for path, x in leaves if "experts" in [getattr(k, "key", None) for k in path])

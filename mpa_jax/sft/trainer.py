@@ -304,7 +304,7 @@ def _compiled_fns(cfg: models.ModelConfig, chunk: int, opt_key: tuple, micro: in
     st_shardings = statelib.state_shardings(mesh, params_shape, p_shardings, optimizer)
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     batch_sh = {k: row_shard for k in sft_data.FIELDS}
-    loss_fn = make_sft_loss(cfg, chunk)
+    loss_fn = make_sft_loss(cfg, chunk, mesh=mesh, rules=rules)  # activation constraints + vocab-parallel log-probs
     step_fn = steplib.make_train_step(loss_fn, optimizer, st_shardings, batch_sh, schedule=schedule, micro_batches=micro)
     return step_fn, steplib.make_eval_step(loss_fn, p_shardings, batch_sh)
 
