@@ -17,9 +17,11 @@ from mpa_jax.config import load_config_file
 
 SIZES = ("qwen3_1_7b", "qwen3_8b", "qwen3_5_27b", "qwen3_5_35b_a3b")
 
-_QWEN3 = dict(family="qwen3", vocab_size=151936, head_dim=128, num_key_value_heads=8, rope_theta=1_000_000.0,
+# Qwen3 recipes target one GPU host (cuDNN fused attention), Qwen3.5 a TPU slice (Pallas splash
+# attention); both fall back to XLA attention where the kernel does not take the shapes or backend.
+_QWEN3 = dict(family="qwen3", attention_impl="cudnn", vocab_size=151936, head_dim=128, num_key_value_heads=8, rope_theta=1_000_000.0,
               max_position_embeddings=40960)
-_QWEN3_5 = dict(vocab_size=248320, head_dim=256, full_attention_interval=4, partial_rotary_factor=0.25,
+_QWEN3_5 = dict(attention_impl="splash", vocab_size=248320, head_dim=256, full_attention_interval=4, partial_rotary_factor=0.25,
                 linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
                 rope_theta=10_000_000.0, max_position_embeddings=262144, tie_word_embeddings=False,
                 delta_impl="pallas")  # the Pallas gated-delta kernel on GPU/TPU; `jnp` on CPU
