@@ -43,10 +43,11 @@ SHAPES = {
 # Full fine-tuning from the released weights: smaller models take a larger lr; the hybrid 27B the
 # smallest. Rows are packed sequences of `seq_len` tokens (oracle episodes are 1-3k tokens), so a
 # batch is rows * seq_len tokens (~0.5M for 1.7B/8B, ~1M for the 27B/35B). Remat: 1.7B keeps the
-# dot outputs (fits one 80 GB GPU at 8 rows of 8k), larger models recompute the whole layer.
+# dot outputs (micro-batches of 2 rows of 8k per GPU on 8 GPUs), larger models recompute the whole
+# layer. `mpa plan --config configs/NAME.py` shows what each setting costs per device.
 # Scanned layers: compile time no longer grows with depth (docs/perf.md).
 RECIPES = {
-    "qwen3_1_7b": dict(lr=2e-5, batch_size=64, seq_len=8192, micro_batches=1, remat="dots", scan_layers=True,
+    "qwen3_1_7b": dict(lr=2e-5, batch_size=64, seq_len=8192, micro_batches=4, remat="dots", scan_layers=True,
                        mesh=dict(data=1, fsdp=-1, tensor=1, expert=1)),
     "qwen3_8b": dict(lr=1e-5, batch_size=64, seq_len=8192, micro_batches=2, remat="full", scan_layers=True,
                      mesh=dict(data=1, fsdp=-1, tensor=1, expert=1)),
