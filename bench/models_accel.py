@@ -15,9 +15,9 @@ On a CPU host (or with --size small) the timed model is a tiny stand-in: a dry r
    [batch, seq] random tokens, mean next-token negative log-likelihood through the chunked log-probs
    (as SFT trains), jitted value_and_grad (no optimizer). Prints ms/step, tokens/s, model TFLOP/s and
    MFU (`mpa_jax.train.metrics`: 6N + causal attention, against the device's bf16 peak or --peak-tflops).
-   `--attention cudnn` times the same step with the attention swapped for
-   `jax.nn.dot_product_attention(implementation="cudnn", is_causal=True)` (a probe for GPUs: with
-   implementation=None, JAX 0.10 runs XLA's unfused attention).
+   `--attention xla,cudnn,splash` times the same step once per `model.attention_impl` (cuDNN fused
+   attention on GPU, Pallas splash attention on TPU; each falls back to XLA where it does not apply,
+   so compare them on the device they are for).
 
 Exits 1 when a parity check fails.
 """
@@ -96,12 +96,12 @@ def throughput(shape: dict, batch: int, seq: int, steps: int, attention: str, pe
     import numpy as np
 
     from mpa_jax import models
-    from mpa_jax.models import layers
     from mpa_jax.train import metrics
 
     cfg = models.ModelConfig.from_hf(dict(model_type="qwen3", tie_word_embeddings=True, rms_norm_eps=1e-6,
                                           max_position_embeddings=max(seq, 4096), **shape),
-                                     param_dtype="float32", compute_dtype="bfloat16")
+                                     param_dtype="float32", compute_dtype="bfloat16",
+                                     attention_impl=attention)  # the model's own kernel selection (XLA fallback)
     params = jax.jit(lambda r: models.init_params(cfg, r))(jax.random.key(0))
     ids = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1)), jnp.int32)
 
@@ -109,23 +109,15 @@ def throughput(shape: dict, batch: int, seq: int, steps: int, attention: str, pe
         logp, _ = models.token_logprobs(cfg, p, ids[:, :-1], ids[:, 1:], chunk_size=chunk)
         return -jnp.mean(logp)
 
-    saved = layers.attention
-    if attention == "cudnn":
-        # Probe only: every mask in this step is plain causal (no padding, no segments).
-        layers.attention = lambda q, k, v, mask, scale: jax.nn.dot_product_attention(
-            q, k, v, scale=scale, is_causal=True, implementation="cudnn")
-    try:
-        step = jax.jit(jax.value_and_grad(loss_fn))
+    step = jax.jit(jax.value_and_grad(loss_fn))
+    t0 = time.perf_counter()
+    loss, _ = jax.block_until_ready(step(params))
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
         t0 = time.perf_counter()
-        loss, _ = jax.block_until_ready(step(params))
-        compile_s = time.perf_counter() - t0
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            jax.block_until_ready(step(params))
-            times.append(time.perf_counter() - t0)
-    finally:
-        layers.attention = saved
+        jax.block_until_ready(step(params))
+        times.append(time.perf_counter() - t0)
     dt = sorted(times)[len(times) // 2]
     tok_s = batch * seq / dt
     fpt = metrics.train_flops_per_token(models.param_count(cfg), cfg.num_hidden_layers, seq,
@@ -147,7 +139,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--chunk", type=int, default=8192, help="vocabulary chunk of the log-probs")
-    ap.add_argument("--attention", default="xla", help="comma-separated: xla (the model as it is), cudnn (probe)")
+    ap.add_argument("--attention", default="xla", help="comma-separated model.attention_impl values: xla, cudnn (GPU), splash (TPU)")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="device bf16 peak (default: by device kind)")
     ap.add_argument("--skip-parity", action="store_true")
     args = ap.parse_args()

@@ -138,6 +138,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.demo.refresh_lr = 5e-5  # fresh AdamW moments: 3e-4 for 40 steps cost the starter 29% -> 17% (docs/learning.md)
     c.demo.refresh_warmup = 10
     c.demo.refresh_batch_size = 8
+    # Scale settings (issue 17): scanned layers, accelerator attention, MoE aux loss in the SFT loss.
+    c.model.scan_layers = False  # stacked layer params + one lax.scan (compile time independent of depth)
+    c.model.attention_impl = "xla"  # xla | cudnn (GPU fused attention) | splash (TPU Pallas kernel)
 
     # CARE RL (next round); the keys are fixed here so that configs and overrides are stable.
     c.rl = ml_collections.ConfigDict()

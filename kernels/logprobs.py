@@ -183,3 +183,103 @@ def _chunked_bwd(chunk, temperature, vocab, res, grads):
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
+
+
+# ---- vocabulary-parallel form ---------------------------------------------------------------------------
+def vocab_parallel_logprobs(
+    hidden: jax.Array,
+    unembed: jax.Array,
+    targets: jax.Array,
+    mesh: jax.sharding.Mesh,
+    vocab_axes: tuple[str, ...],
+    batch_axes: tuple[str, ...] = (),
+    chunk_size: int = 4096,
+    temperature: float = 1.0,
+    vocab_limit: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """`chunked_logprobs` with the unembedding's vocabulary sharded over the mesh axes `vocab_axes`.
+
+    Each device walks only its own [D, V / n] columns in chunks (online log-sum-exp, as
+    `chunked_logprobs`), and the per-row statistics (max, sum of exp, sum of p*logit, target logit)
+    are combined over `vocab_axes` with one pmax and three psums of [rows] scalars. No device ever
+    holds the full [D, V] unembedding or any [rows, V] logits; the backward pass recomputes each
+    chunk (jax.checkpoint) and psums only the [rows, D] hidden-state gradient. Rows are split over
+    `batch_axes`. Same arguments and results as `chunked_logprobs` otherwise.
+    """
+    b, t, d = hidden.shape
+    vocab = unembed.shape[1]
+    limit = _check_limit(vocab_limit, vocab, "vocab_parallel_logprobs")
+    n_shards = 1
+    for a in vocab_axes:
+        n_shards *= mesh.shape[a]
+    if vocab % n_shards:
+        raise ValueError(f"vocab_parallel_logprobs: vocabulary {vocab} does not split over {n_shards} devices of {vocab_axes}")
+    local = vocab // n_shards
+    chunk = _divisor_chunk(local, int(chunk_size))
+    P = jax.sharding.PartitionSpec
+    bspec = (batch_axes if len(batch_axes) > 1 else batch_axes[0]) if batch_axes else None
+    vspec = vocab_axes if len(vocab_axes) > 1 else vocab_axes[0]
+
+    def body(h, w, y):
+        bl = h.shape[0]
+        offset = jax.lax.axis_index(vocab_axes) * local
+        logp, ent = _local_then_combine(h.reshape(bl * t, d), w, y.reshape(bl * t).astype(jnp.int32), offset, chunk,
+                                        float(temperature), limit, vocab_axes)
+        return logp.reshape(bl, t), ent.reshape(bl, t)
+
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(P(bspec, None, None), P(None, vspec), P(bspec, None)),
+                       out_specs=(P(bspec, None), P(bspec, None)))
+    return fn(hidden, unembed, targets)
+
+
+def _divisor_chunk(n: int, want: int) -> int:
+    """The largest divisor of n that is <= want (chunks then tile the local columns exactly)."""
+    want = max(1, min(want, n))
+    for c in range(want, 0, -1):
+        if n % c == 0 and (c >= want // 4 or c == n):
+            return c
+    return n if n <= want else want
+
+
+def _local_then_combine(h, w, y, offset, chunk, temperature, limit, axes):
+    """Per-row (logp, entropy) over the local columns [offset, offset + local), combined over `axes`."""
+    n, d = h.shape
+    local = w.shape[1]
+    if local % chunk:  # no exact divisor: pad the local columns (masked), a copy of the local shard only
+        pad = -local % chunk
+        w = jnp.pad(w, ((0, 0), (0, pad)))
+    num = w.shape[1] // chunk
+    w_chunks = w.reshape(d, num, chunk).transpose(1, 0, 2)  # [num, D, chunk]: scanned over, so its gradient stacks
+
+    @jax.checkpoint
+    def step(carry, xs):
+        m, s, sl, ty = carry
+        wc, c = xs
+        start = offset + c * chunk
+        cols = start + jnp.arange(chunk)
+        valid = (cols < limit) & (cols - offset < local)
+        logits = jnp.dot(h, wc.astype(h.dtype), preferred_element_type=jnp.float32) / temperature
+        logits = jnp.where(valid[None, :], logits, -jnp.inf)
+        # The running max only keeps exp() in range: the result does not depend on it, so it carries no gradient.
+        m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(logits, axis=1)))
+        scale = jnp.exp(m - m_new)
+        e = jnp.exp(logits - m_new[:, None])
+        s = s * scale + jnp.sum(e, axis=1)
+        sl = sl * scale + jnp.sum(jnp.where(valid[None, :], e * logits, 0.0), axis=1)
+        rel = y - start
+        hit = (rel >= 0) & (rel < chunk)
+        picked = jnp.take_along_axis(logits, jnp.clip(rel, 0, chunk - 1)[:, None], axis=1)[:, 0]
+        ty = ty + jnp.where(hit, picked, 0.0)
+        return (m_new, s, sl, ty), None
+
+    # The carries vary over every mesh axis the rows and columns do (shard_map's type check for scan).
+    zero = jnp.zeros((n,), jnp.float32) + jnp.zeros_like(h[:, 0], jnp.float32) + offset.astype(jnp.float32) * 0.0
+    init = (zero - 1e30, zero, zero, zero)
+    (m, s, sl, ty), _ = jax.lax.scan(step, init, (w_chunks, jnp.arange(num)))
+    big = jax.lax.stop_gradient(jax.lax.pmax(m, axes))
+    rescale = jnp.exp(m - big)
+    total = jax.lax.psum(s * rescale, axes)
+    lse = big + jnp.log(total)
+    logp = jax.lax.psum(ty, axes) - lse
+    ent = lse - jax.lax.psum(sl * rescale, axes) / total
+    return logp, ent

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "oracle": ("mpa_jax.commands.oracle", "run the scripted oracle planner to make demonstration trajectories"),
     "sft": ("mpa_jax.commands.sft", "supervised planning cold start from trajectories"),
     "export": ("mpa_jax.commands.export", "turn an orbax training checkpoint into a Hugging Face directory"),
+    "plan": ("mpa_jax.commands.plan", "per-device memory and FLOPs of a config's training step, without allocating"),
     "rollout": ("mpa_jax.commands.rollout", "run the agent loop over a task split and write trajectories"),
     "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat)"),
     "rl": ("mpa_jax.commands.rl", "online RL (CARE or vanilla group-relative) over the sandbox tasks"),

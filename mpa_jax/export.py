@@ -3,7 +3,8 @@
 The exporter never restores the whole train state: it reads the checkpoint's array metadata (shapes,
 dtypes), then `models.save_pretrained` pulls each tensor as it writes it, and each pull is an orbax
 partial restore of that one parameter (tensorstore reads of its chunks). Peak host memory is one
-tensor, not the model, whatever the checkpoint's size or sharding. Optimizer state is never read.
+parameter leaf (a stacked leaf of scanned layers or experts counts as one), not the model, whatever the
+checkpoint's size or sharding. Optimizer state is never read.
 """
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from mpa_jax.train.checkpoint import CheckpointError, drop_abandoned_read_report
 
 
 class _LazyTensor:
-    """A parameter of a checkpoint, read from disk only when converted to an array."""
+    """A parameter of a checkpoint, read from disk only when converted to an array.
+
+    A stacked leaf (experts, scanned layers) is read once and sliced into its HF tensors; it is held
+    until its last slice is written, so peak host memory is one such leaf."""
 
     def __init__(self, state_dir: str, path: tuple[str, ...], shape: tuple[int, ...], dtype: Any, index: int | None = None):
         self.state_dir = state_dir
@@ -144,8 +148,12 @@ def export_checkpoint(
         raise CheckpointError(f"{root}/{step}: meta has no model config")
     cfg = models.ModelConfig.from_hf(meta["model"])
     params = _lazy_params(os.path.join(root, str(step), "state"))
+    got = {"/".join(p): tuple(t.shape) for p, t in _flatten(params)}
+    # A run with model.scan_layers saved its layers stacked; the HF checkpoint is the same either way.
+    scanned = cfg.replace(scan_layers=True)
+    if got != _expected_shapes(cfg) and got == _expected_shapes(scanned):
+        cfg = scanned
     expected = _expected_shapes(cfg)
-    got = {"/".join(p): t.shape for p, t in _flatten(params)}
     for name, shape in expected.items():
         if name not in got:
             raise CheckpointError(f"{root}/{step}: params/{name} missing for a {cfg.family} model with the saved config")
@@ -155,12 +163,7 @@ def export_checkpoint(
 
 
 def _expected_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
-    import jax
-
-    from mpa_jax import models
-
-    family = models.registry.family_module(cfg.family)
-    shapes = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
+    shapes = cfg.abstract_params()
     return {"/".join(p): tuple(s.shape) for p, s in _flatten(shapes)}
 
 

@@ -127,12 +127,10 @@ def shardings_for(logical_tree: Any, shapes: Any, mesh: Mesh, rules: Rules | Non
 
 
 def param_shardings(cfg: Any, mesh: Mesh, rules: Rules | None = None) -> Any:
-    """NamedSharding for every parameter of `cfg` (same tree as init_params), computed abstractly."""
-    from mpa_jax import models
-
-    family = models.registry.family_module(cfg.family)
-    shapes = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
-    return shardings_for(models.param_logical_axes(cfg), shapes, mesh, rules)
+    """NamedSharding for every parameter of `cfg` (a models.ModelConfig; same tree as init_params),
+    computed abstractly. Uses only the config's own `abstract_params()` / `param_logical_axes()`, so
+    this module never imports `mpa_jax.models` (models may import sharding, not the reverse)."""
+    return shardings_for(cfg.param_logical_axes(), cfg.abstract_params(), mesh, rules)
 
 
 def batch_sharding(mesh: Mesh, rules: Rules | None = None, ndim: int = 2) -> NamedSharding:
@@ -171,3 +169,50 @@ def rules_from_config(config: Any) -> tuple[tuple[str, Any], ...]:
 def describe(mesh: Mesh) -> str:
     """Short text such as 'data=2 fsdp=2 tensor=2 expert=1'."""
     return " ".join(f"{a}={mesh.shape[a]}" for a in mesh.axis_names)
+
+
+# ---- activation sharding ------------------------------------------------------------------------------
+# Inside a traced step, activations are pinned to their logical axes (batch, length, embed, heads, mlp,
+# vocab) so that XLA's propagation cannot pick a layout that needs a hidden gather (e.g. replicating the
+# [B, T, D] stream over the tensor axis and then all-gathering a weight instead). The mesh and rules
+# come from `activation_sharding(mesh, rules)`, entered around the traced function; outside it
+# `constrain` does nothing (single-device code and tests stay as they are).
+_ACTIVATION: list[tuple[Mesh, Rules | None]] = []
+
+
+class activation_sharding:
+    """Context manager: `constrain` uses `mesh` and `rules` while it is active (trace time)."""
+
+    def __init__(self, mesh: Mesh | None, rules: Rules | None = None):
+        self.entry = None if mesh is None else (mesh, rules)
+
+    def __enter__(self) -> "activation_sharding":
+        if self.entry is not None:
+            _ACTIVATION.append(self.entry)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.entry is not None:
+            _ACTIVATION.pop()
+
+
+def current_activation_mesh() -> tuple[Mesh, Rules | None] | None:
+    """The (mesh, rules) of the innermost `activation_sharding`, or None."""
+    return _ACTIVATION[-1] if _ACTIVATION else None
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """`x` with a sharding constraint from its logical axes (no-op outside `activation_sharding`)."""
+    ctx = current_activation_mesh()
+    if ctx is None:
+        return x
+    mesh, rules = ctx
+    spec = logical_to_spec(tuple(logical_axes), rules, mesh, x.shape)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def mesh_axes_for(logical: str, mesh: Mesh, rules: Rules | None = None) -> tuple[str, ...]:
+    """The mesh axes (of size > 1) that the rules map one logical axis to."""
+    target = _rules_dict(rules).get(logical)
+    axes = () if target is None else ((target,) if isinstance(target, str) else tuple(target))
+    return tuple(a for a in axes if mesh.shape[a] > 1)

@@ -174,3 +174,31 @@ def test_blocked_causal_attention_equals_full():
     full = layers.attention(q, k, v, mask, 0.3)
     blocked = layers.causal_attention(q, k, v, mask, 0.3, block=64)
     np.testing.assert_allclose(blocked[pad.astype(bool)], full[pad.astype(bool)], rtol=1e-6, atol=1e-6)
+
+
+def test_attention_impls_select_kernels_and_fall_back_to_xla():
+    """`attention_impl`: "splash" runs the Pallas splash kernel (interpret mode off TPU) with packed
+    segments and matches XLA on real tokens; "cudnn" off GPU (or on shapes cuDNN does not take) is
+    the XLA path itself; a bad name is refused by the config."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import pytest
+
+    from mpa_jax import models
+    from mpa_jax.models import layers
+
+    rng = np.random.default_rng(0)
+    b, t, n, kv, h = 1, 128, 2, 1, 32
+    q, k, v = (jnp.asarray(rng.normal(size=(b, t, nh, h)), jnp.float32) for nh in (n, kv, kv))
+    seg = jnp.asarray([[1] * 60 + [2] * 60 + [0] * 8], jnp.int32)
+    mask = layers.self_attention_mask(seg, (seg > 0).astype(jnp.int32), t)
+    ref = np.asarray(layers.attention(q, k, v, mask, h**-0.5))
+    real = np.asarray(seg[0] > 0)
+    splash = np.asarray(layers.causal_attention(q, k, v, mask, h**-0.5, impl="splash", segment_ids=seg))
+    np.testing.assert_allclose(splash[0, real], ref[0, real], atol=2e-5)
+    cudnn = np.asarray(layers.causal_attention(q, k, v, mask, h**-0.5, impl="cudnn", segment_ids=seg))
+    assert not layers.cudnn_supported(q, k) or jax.default_backend() == "gpu"
+    np.testing.assert_allclose(cudnn[0, real], ref[0, real], atol=2e-5)
+    with pytest.raises(ValueError, match="attention_impl"):
+        models.ModelConfig(attention_impl="flash")

@@ -91,17 +91,15 @@ def make_oracle_trajectories(
     `config.oracle.variants` episodes per task (differently seeded phrasing and ordering). Prints a summary.
     """
     from mpa_jax.envs import load_tasks, make_env, run_oracle_episode
-    from mpa_jax.tokenizer import tokenizer_for_config
+    from mpa_jax.tokenizer import model_vocab_size, tokenizer_for_config
 
     split = split or str(config.oracle.split)
     max_tasks = int(config.oracle.max_tasks) if max_tasks is None else int(max_tasks)
     variants = max(1, int(config.oracle.get("variants", 1)))
     out = out or os.path.join(workdir, f"oracle-{os.path.basename(split).replace('.jsonl', '')}.jsonl")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tok = tokenizer_for_config(config, workdir)
-    vocab = int(config.model.vocab_size)
-    if tok.vocab_size > vocab:
-        raise ValueError(f"the tokenizer has {tok.vocab_size} ids but config.model.vocab_size is {vocab}")
+    tok = tokenizer_for_config(config, workdir)  # checked against the model's embedding (init_from's when set)
+    vocab = model_vocab_size(config)
     tasks = load_tasks(split, seed=int(config.tasks.seed), per_template=int(config.tasks.per_template))
     if max_tasks > 0:
         tasks = tasks[:max_tasks]

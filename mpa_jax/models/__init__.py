@@ -8,6 +8,7 @@ Public API (every function dispatches on `cfg.family` to a family module; see re
     params = models.init_params(cfg, rng, mesh=None, rules=None)
     logical = models.param_logical_axes(cfg)
     hidden = models.hidden_states(cfg, params, input_ids, positions=None, segment_ids=None, attention_mask=None)
+    hidden, aux = models.hidden_states_with_aux(cfg, params, input_ids, ...)  # + MoE load-balancing loss
     logits = models.forward(cfg, params, input_ids, positions=None, segment_ids=None, attention_mask=None)
     w = models.unembedding(cfg, params)                  # [D, V]
     logp, entropy = models.token_logprobs(cfg, params, input_ids, targets, chunk_size=4096, temperature=1.0, ...)
@@ -49,16 +50,18 @@ import jax
 import jax.numpy as jnp
 
 from mpa_jax.models import layers, registry
-from mpa_jax.models.config import ModelConfig, config_from_ml
+from mpa_jax.models.config import ModelConfig, config_from_ml, run_model_config
 from mpa_jax.models.hf_io import Model, from_pretrained, save_pretrained
 
 __all__ = [
     "ModelConfig",
     "Model",
     "config_from_ml",
+    "run_model_config",
     "init_params",
     "param_logical_axes",
     "hidden_states",
+    "hidden_states_with_aux",
     "forward",
     "unembedding",
     "init_decode_state",
@@ -106,6 +109,30 @@ def hidden_states(
 ) -> jax.Array:
     """Final hidden states [B, T, D] after the final norm (compute dtype)."""
     return _family(cfg).hidden_states(cfg, params, input_ids, positions, segment_ids, attention_mask)
+
+
+def hidden_states_with_aux(
+    cfg: ModelConfig,
+    params: Any,
+    input_ids: jax.Array,
+    positions: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    attention_mask: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """(hidden states [B, T, D], auxiliary loss) for training losses.
+
+    The auxiliary loss is the MoE router's load-balancing loss times `router_aux_loss_coef` over the
+    real tokens (attention_mask 1 and segment id not 0) when the model has routed experts and the
+    coefficient is positive; a float32 0 otherwise. Add it to the mean token loss.
+    """
+    module = _family(cfg)
+    if cfg.num_experts > 0 and cfg.router_aux_loss_coef > 0 and hasattr(module, "load_balancing_loss"):
+        h, router_logits = module.forward_with_aux(cfg, params, input_ids, positions, segment_ids, attention_mask)
+        real = jnp.ones(input_ids.shape, bool) if attention_mask is None else attention_mask.astype(bool)
+        if segment_ids is not None:
+            real = real & (segment_ids != 0)
+        return h, module.load_balancing_loss(cfg, router_logits, real.astype(jnp.int32)).astype(jnp.float32)
+    return hidden_states(cfg, params, input_ids, positions, segment_ids, attention_mask), jnp.zeros((), jnp.float32)
 
 
 def unembedding(cfg: ModelConfig, params: Any) -> jax.Array:
@@ -184,5 +211,5 @@ def decode(
 
 def param_count(cfg: ModelConfig) -> int:
     """Number of parameters, computed abstractly (nothing allocated)."""
-    shapes = jax.eval_shape(lambda r: _family(cfg).init_params(cfg, r), jax.random.key(0))
+    shapes = cfg.abstract_params()
     return sum(int(x.size) for x in jax.tree.leaves(shapes))

@@ -9,6 +9,9 @@ from mpa_jax.models import registry
 
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+ATTENTION_IMPLS = ("xla", "cudnn", "splash")
+# Fields of `config.model` that are run settings: with `init_from`, they override the checkpoint's config.
+RUN_FIELDS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "attention_impl", "delta_impl")
 # Keys of `config.model` that are run settings, not architecture.
 _RUN_KEYS = ("init_from", "logprob_chunk")
 # config.json keys we write ourselves or that carry no architecture; never copied into `extra`.
@@ -71,6 +74,10 @@ class ModelConfig:
 
     # --- end of Qwen3.5 fields ---
 
+    # --- scale settings (issue 17): how the decoder runs, not what it is; never written to config.json ---
+    scan_layers: bool = False  # stacked layer params + one lax.scan over blocks (models/scan.py)
+    attention_impl: str = "xla"  # xla | cudnn (GPU fused attention) | splash (TPU Pallas kernel); layers.attention
+
     def __post_init__(self) -> None:
         if self.family not in registry.FAMILIES:
             _fail(f"unknown model family {self.family!r} (known: {', '.join(sorted(registry.FAMILIES))})")
@@ -86,6 +93,8 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             _fail(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            _fail(f"attention_impl={self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
         if self.hidden_act != "silu":
             _fail(f"hidden_act={self.hidden_act!r} is not supported (only 'silu')")
 
@@ -97,6 +106,20 @@ class ModelConfig:
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+    def abstract_params(self) -> Any:
+        """The parameter tree as ShapeDtypeStructs (jax.eval_shape of the family's init: nothing allocated).
+
+        The one helper for the abstract build that sharding, memory planning, loading and export need.
+        """
+        import jax
+
+        module = registry.family_module(self.family)
+        return jax.eval_shape(lambda r: module.init_params(self, r), jax.random.key(0))
+
+    def param_logical_axes(self) -> Any:
+        """Logical axis names per parameter (same tree as `abstract_params`)."""
+        return registry.family_module(self.family).param_logical_axes(self)
 
     @property
     def model_type(self) -> str:
@@ -225,3 +248,26 @@ def config_from_ml(model_cfg: Any, **overrides: Any) -> ModelConfig:
         fields[key] = tuple(value) if isinstance(value, list) else value
     fields.update(overrides)
     return ModelConfig(**fields)
+
+
+def run_model_config(config: Any) -> tuple[ModelConfig, str]:
+    """The model config of an experiment config and the HF directory its weights come from ('' = random init).
+
+    Without `config.model.init_from`: `config_from_ml(config.model)`. With it: the checkpoint's
+    config.json gives the architecture, and `config.model`'s run settings (RUN_FIELDS: dtypes, remat,
+    scan_layers, attention_impl, delta_impl) are applied on top.
+    """
+    import os
+
+    section = config.model
+    init_from = str(section.get("init_from", "") or "")
+    if not init_from:
+        return config_from_ml(section), ""
+    init_from = os.path.expanduser(init_from)
+    path = os.path.join(init_from, "config.json")
+    if not os.path.isfile(path):
+        raise ValueError(f"config.model.init_from={init_from} has no config.json")
+    with open(path, encoding="utf-8") as f:
+        hf = json.load(f)
+    overrides = {k: section.get(k) for k in RUN_FIELDS if section.get(k, None) is not None}
+    return ModelConfig.from_hf(hf, **overrides), init_from

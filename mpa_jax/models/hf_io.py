@@ -141,7 +141,7 @@ def load_params(path: "str | SafetensorsDir", cfg: Any, mesh: Any = None, rules:
 
     module = registry.family_module(cfg.family)
     store = path if isinstance(path, SafetensorsDir) else SafetensorsDir(path)
-    abstract = jax.eval_shape(lambda r: module.init_params(cfg, r), jax.random.key(0))
+    abstract = cfg.abstract_params()
     if mesh is not None:
         from mpa_jax import sharding
 
@@ -219,12 +219,14 @@ def from_pretrained(
     rules: Any = None,
     compute_dtype: str | None = None,
     remat: str = "none",
+    scan_layers: bool = False,
 ) -> Model:
     """Load an HF checkpoint directory (config.json + safetensors) into a Model.
 
     `dtype`: parameter dtype ("float32" or "bfloat16"); `compute_dtype` defaults to it. With `mesh`,
     parameters are placed by `rules` (default: sharding.DEFAULT_RULES). Raises CheckpointError naming
-    the tensor when an architecture, shape or dtype is not supported.
+    the tensor when an architecture, shape or dtype is not supported. `scan_layers` loads the layers
+    stacked for the scanned decoder (`models/scan.py`); the checkpoint is the same either way.
     """
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
@@ -234,7 +236,7 @@ def from_pretrained(
     from mpa_jax.models.config import ModelConfig
 
     try:
-        cfg = ModelConfig.from_hf(hf, param_dtype=dtype, compute_dtype=compute_dtype or dtype, remat=remat)
+        cfg = ModelConfig.from_hf(hf, param_dtype=dtype, compute_dtype=compute_dtype or dtype, remat=remat, scan_layers=scan_layers)
     except ValueError as e:
         raise CheckpointError(f"{config_path}: {e}") from None
     store = SafetensorsDir(path)

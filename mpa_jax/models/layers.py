@@ -138,25 +138,56 @@ def _rope_bwd(res, g):
 _rope.defvjp(_rope_fwd, _rope_bwd)
 
 
+# Logical axes of the activations, for `sharding.constrain` (no-op outside a sharded trace).
+EMBED_AXES = ("batch", "length", "embed")
+Q_AXES = ("batch", "length", "heads", "head_dim")
+KV_AXES = ("batch", "length", "kv_heads", "head_dim")
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
     """Grouped-query attention. q [B,T,N,H], k/v [B,S,K,H], mask bool broadcastable to [B,1,T,S].
 
-    Goes through `jax.nn.dot_product_attention` with implementation=None so that XLA (CPU) or cuDNN
-    (GPU) picks the fused kernel. Fully masked query rows (padding) give finite garbage, never NaN.
+    XLA's `jax.nn.dot_product_attention` (the fallback of every `attention_impl`). Fully masked query
+    rows (padding) give finite garbage, never NaN.
     """
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, implementation="xla")
+
+
+def cudnn_supported(q: jax.Array, k: jax.Array) -> bool:
+    """Whether cuDNN fused attention takes these shapes here: a GPU, 16-bit operands, head_dim a
+    multiple of 8 up to 256 (cuDNN 9 flash attention)."""
+    h = q.shape[-1]
+    return (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16) and k.dtype == q.dtype
+            and h % 8 == 0 and h <= 256)
 
 
 def causal_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, block: int = 128
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    scale: float,
+    block: int = 128,
+    impl: str = "xla",
+    segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Self-attention whose `mask` is causal (a subset of it): skips the blocks above the diagonal.
 
-    Same arguments and result as `attention`. On CPU this runs `_blocked_attention`: query block i
-    only meets keys [0, (i+1)*block), in a head-major layout with a hand-written backward pass.
-    Elsewhere (GPU/TPU) one fused `jax.nn.dot_product_attention` call is better.
+    Same arguments and result as `attention`. `impl` (config `model.attention_impl`) picks the kernel:
+    "cudnn" = cuDNN fused attention on GPU (causal, with the packed-segment/padding `mask` as its
+    mask input), "splash" = the Pallas splash kernel on TPU (causal, packing through `segment_ids`;
+    interpret mode elsewhere, for tests). Shapes a kernel does not take fall back to XLA. On CPU the
+    XLA path is `_blocked_attention`: query block i only meets keys [0, (i+1)*block), in a
+    head-major layout with a hand-written backward pass.
     """
-    if jax.default_backend() != "cpu" or k.shape[1] != q.shape[1]:
+    self_attn = k.shape[1] == q.shape[1]
+    if impl == "cudnn" and self_attn and cudnn_supported(q, k):
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=True, implementation="cudnn")
+    if impl == "splash" and self_attn and q.shape[1] % block == 0:
+        from mpa_jax.models import splash
+
+        return splash.attention(q, k, v, scale, segment_ids, block=block)
+    if jax.default_backend() != "cpu" or not self_attn:
         return attention(q, k, v, mask, scale)
     return _blocked_attention(q, k, v, mask, scale, block)
 

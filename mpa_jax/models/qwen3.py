@@ -20,7 +20,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mpa_jax.models import layers, specs
+from mpa_jax import sharding
+from mpa_jax.models import layers, scan, specs
 from mpa_jax.models.config import ModelConfig
 from mpa_jax.models.hf_io import TensorMap
 
@@ -62,6 +63,8 @@ def _shapes(cfg: ModelConfig) -> dict[str, Any]:
             "down_proj": lin(i, d, ("mlp", "embed")),
         },
     }
+    if cfg.scan_layers:  # one stacked layer tree [L, ...]: the decoder is one lax.scan (scan.py)
+        return specs.decoder_tree(cfg, scan.stack_specs([layer] * cfg.num_hidden_layers, 1), norm(d))
     return specs.decoder_tree(cfg, {str(n): layer for n in range(cfg.num_hidden_layers)}, norm(d))
 
 
@@ -114,9 +117,16 @@ def hf_mapping(cfg: ModelConfig) -> list[TensorMap]:
     for path, _ in jax.tree_util.tree_flatten_with_path(_shapes(cfg), is_leaf=specs.is_spec)[0]:
         keys = tuple(k.key for k in path)
         transpose = keys[-1] == "kernel"
-        name = ".".join(keys[:-1] + ("weight" if transpose else keys[-1],))
-        maps.append(TensorMap(keys, (name,), transpose))
+        per_layer = scan.expand_layer_keys(keys, 1, cfg.num_hidden_layers) if cfg.scan_layers else [keys]
+        names = tuple(".".join(k[:-1] + ("weight" if transpose else k[-1],)) for k in per_layer)
+        maps.append(TensorMap(keys, names, transpose))
     return maps
+
+
+def layer_params(cfg: ModelConfig, params: Params) -> dict[str, Params]:
+    """{str(n): layer n's params}, whether the layers are stacked (scan_layers) or not."""
+    stacked = params["model"]["layers"]
+    return scan.unstack(stacked, 1) if cfg.scan_layers else stacked
 
 
 # ---- forward ------------------------------------------------------------------------------------------
@@ -133,8 +143,9 @@ def _qkv(cfg: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Arr
 
     q = layers.rms_norm(proj("q_proj", cfg.num_attention_heads), p["q_norm"]["weight"], cfg.rms_norm_eps)
     k = layers.rms_norm(proj("k_proj", cfg.num_key_value_heads), p["k_norm"]["weight"], cfg.rms_norm_eps)
-    v = proj("v_proj", cfg.num_key_value_heads)
-    return layers.apply_rope(q, cos, sin), layers.apply_rope(k, cos, sin), v
+    v = sharding.constrain(proj("v_proj", cfg.num_key_value_heads), layers.KV_AXES)
+    q = sharding.constrain(layers.apply_rope(q, cos, sin), layers.Q_AXES)
+    return q, sharding.constrain(layers.apply_rope(k, cos, sin), layers.KV_AXES), v
 
 
 def _qkv_fused(cfg: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array):
@@ -200,11 +211,14 @@ def hidden_states(
     def layer_fn(p: Params, x: jax.Array) -> jax.Array:
         h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         q, k, v = _qkv(cfg, p["self_attn"], h, cos, sin)
-        x = x + _out(p["self_attn"], layers.causal_attention(q, k, v, mask, scale))
-        return _mlp(cfg, p, x)
+        x = x + _out(p["self_attn"], layers.causal_attention(q, k, v, mask, scale, impl=cfg.attention_impl, segment_ids=segment_ids))
+        return sharding.constrain(_mlp(cfg, p, x), layers.EMBED_AXES)
 
     layer_fn = layers.remat_wrap(layer_fn, cfg.remat)
-    x = _embed(cfg, params, input_ids)
+    x = sharding.constrain(_embed(cfg, params, input_ids), layers.EMBED_AXES)
+    if cfg.scan_layers:
+        x, _ = scan.run(params["model"]["layers"], x, [lambda p, h: (layer_fn(p, h), None)])
+        return layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
     for n in range(cfg.num_hidden_layers):
         x = layer_fn(params["model"]["layers"][str(n)], x)
     return layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
@@ -264,8 +278,9 @@ def decode(
     scale = cfg.head_dim**-0.5
     x = _embed(cfg, params, input_ids)
     new_layers = {}
+    all_layers = layer_params(cfg, params)
     for n in range(cfg.num_hidden_layers):
-        p = params["model"]["layers"][str(n)]
+        p = all_layers[str(n)]
         cache = state["layers"][str(n)]
         h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         q, k, v = _qkv_fused(cfg, p["self_attn"], h, cos, sin)

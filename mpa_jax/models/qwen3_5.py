@@ -28,7 +28,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mpa_jax.models import deltanet, layers, moe, specs
+from mpa_jax import sharding
+from mpa_jax.models import deltanet, layers, moe, scan, specs
 from mpa_jax.models.config import ModelConfig, common_from_hf, common_to_hf
 from mpa_jax.models.hf_io import TensorMap
 from mpa_jax.models.qwen3 import decode_mask, decode_unembedding, unembedding  # shared by the families
@@ -202,15 +203,28 @@ def _shapes(cfg: ModelConfig) -> Params:
             "up_proj": {"kernel": ((d, i), ("embed", "mlp"), "normal")},
             "down_proj": {"kernel": ((i, d), ("mlp", "embed"), "normal")},
         }
-    layers_tree = {}
-    for n, kind in enumerate(layer_types(cfg)):
+    per_layer = []
+    for kind in layer_types(cfg):
         layer = {"input_layernorm": norm(d), "post_attention_layernorm": norm(d), "mlp": mlp}
         if kind == FULL:
             layer["self_attn"] = attn
         else:
             layer["linear_attn"] = deltanet.shapes(cfg)
-        layers_tree[str(n)] = layer
-    return specs.decoder_tree(cfg, layers_tree, norm(d))
+        per_layer.append(layer)
+    if cfg.scan_layers:  # the 3:1 DeltaNet/attention pattern as one scanned block (scan.py)
+        return specs.decoder_tree(cfg, scan.stack_specs(per_layer, scan_period(cfg)), norm(d))
+    return specs.decoder_tree(cfg, {str(n): layer for n, layer in enumerate(per_layer)}, norm(d))
+
+
+def scan_period(cfg: ModelConfig) -> int:
+    """Layers per scanned block: the period of the layer-type pattern (4 for the released models)."""
+    return scan.block_period(layer_types(cfg))
+
+
+def layer_params(cfg: ModelConfig, params: Params) -> dict[str, Params]:
+    """{str(n): layer n's params}, whether the layers are stacked (scan_layers) or not."""
+    stacked = params["model"]["layers"]
+    return scan.unstack(stacked, scan_period(cfg)) if cfg.scan_layers else stacked
 
 
 def param_logical_axes(cfg: ModelConfig) -> Params:
@@ -247,17 +261,23 @@ def hf_mapping(cfg: ModelConfig) -> list[TensorMap]:
     for path, _ in jax.tree_util.tree_flatten_with_path(_shapes(cfg), is_leaf=specs.is_spec)[0]:
         keys = tuple(k.key for k in path)
         transpose = keys[-1] == "kernel"
-        parts = keys[:-1] + ("weight" if transpose else keys[-1],)
-        if parts[0] == "model":
-            name = cfg.hf_prefix + ".".join(parts[1:])
+        if cfg.scan_layers:
+            period = scan_period(cfg)
+            per_layer = scan.expand_layer_keys(keys, period, cfg.num_hidden_layers // period)
         else:
-            name = ".".join(parts)
+            per_layer = [keys]
+        names = []
+        for k in per_layer:
+            parts = k[:-1] + ("weight" if transpose else k[-1],)
+            names.append(cfg.hf_prefix + ".".join(parts[1:]) if parts[0] == "model" else ".".join(parts))
         if "experts" in keys[:-1] and cfg.expert_layout == "per_expert":
+            if cfg.scan_layers:
+                raise ValueError("scan_layers needs MoE experts in the fused layout (expert_layout='fused')")
             # Per-expert checkpoints: experts.<e>.<proj>.weight stacked on a new leading axis.
-            base = name[: -len(f".{keys[-1]}")]
+            base = names[0][: -len(f".{keys[-1]}")]
             maps.append(TensorMap(keys, _expert_names(base, cfg.num_experts, keys[-1]), False))
         else:
-            maps.append(TensorMap(keys, (name,), transpose))
+            maps.append(TensorMap(keys, tuple(names), transpose))
     return maps
 
 
@@ -392,16 +412,25 @@ def forward_with_aux(
     def full_layer(p: Params, x: jax.Array):
         h = rms_norm_1p(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         q, k, v, gate = _attn_inputs(cfg, p["self_attn"], h, cos, sin)
-        x = x + _attn_out(p["self_attn"], layers.attention(q, k, v, mask, scale), gate)
-        return _mlp(cfg, p, x)
+        q, k, v = (sharding.constrain(a, ax) for a, ax in ((q, layers.Q_AXES), (k, layers.KV_AXES), (v, layers.KV_AXES)))
+        attn = layers.causal_attention(q, k, v, mask, scale, impl=cfg.attention_impl, segment_ids=segment_ids) \
+            if cfg.attention_impl != "xla" else layers.attention(q, k, v, mask, scale)
+        x = x + _attn_out(p["self_attn"], attn, gate)
+        x, logits = _mlp(cfg, p, x)
+        return sharding.constrain(x, layers.EMBED_AXES), logits
 
     def linear_layer(p: Params, x: jax.Array):
         h = rms_norm_1p(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         x = x + deltanet.forward(cfg, p["linear_attn"], h, valid, segment_ids)
-        return _mlp(cfg, p, x)
+        x, logits = _mlp(cfg, p, x)
+        return sharding.constrain(x, layers.EMBED_AXES), logits
 
     fns = {FULL: layers.remat_wrap(full_layer, cfg.remat), LINEAR: layers.remat_wrap(linear_layer, cfg.remat)}
-    x = _embed(cfg, params, input_ids)
+    x = sharding.constrain(_embed(cfg, params, input_ids), layers.EMBED_AXES)
+    if cfg.scan_layers:
+        block = [fns[kind] for kind in layer_types(cfg)[: scan_period(cfg)]]
+        x, router_logits = scan.run(params["model"]["layers"], x, block)
+        return rms_norm_1p(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps), router_logits
     router = []
     for n, kind in enumerate(layer_types(cfg)):
         x, logits = fns[kind](params["model"]["layers"][str(n)], x)
@@ -457,8 +486,9 @@ def decode(
     scale = cfg.head_dim**-0.5
     x = _embed(cfg, params, input_ids)
     new_layers = {}
+    all_layers = layer_params(cfg, params)
     for n, kind in enumerate(layer_types(cfg)):
-        p = params["model"]["layers"][str(n)]
+        p = all_layers[str(n)]
         cache = state["layers"][str(n)]
         h = rms_norm_1p(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         if kind == FULL:
@@ -486,7 +516,7 @@ def param_report(cfg: ModelConfig, mesh: Any = None, rules: Any = None) -> dict[
     experts count), bytes in param_dtype, and with `mesh` the largest per-device parameter bytes under
     `rules` (default sharding rules).
     """
-    shapes = jax.eval_shape(lambda r: init_params(cfg, r), jax.random.key(0))
+    shapes = cfg.abstract_params()
     leaves = jax.tree_util.tree_flatten_with_path(shapes)[0]
     total = sum(int(x.size) for _, x in leaves)
     routed = sum(int(x.size) for path, x in leaves if "experts" in [getattr(k, "key", None) for k in path])

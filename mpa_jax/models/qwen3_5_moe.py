@@ -30,8 +30,10 @@ from mpa_jax.models.qwen3_5 import (  # noqa: F401 - the family functions regist
     hidden_states,
     init_decode_state,
     init_params,
+    layer_params,
     layer_types,
     param_logical_axes,
+    scan_period,
     unembedding,
 )
 

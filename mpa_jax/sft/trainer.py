@@ -86,20 +86,7 @@ def _local_rows(shard: NamedSharding, num_rows: int, seq_len: int) -> list[int]:
 
 def _model_and_params_source(config: Any) -> tuple[models.ModelConfig, str]:
     """The model config (from config.model, or the HF dir in config.model.init_from) and that dir."""
-    init_from = str(config.model.get("init_from", "") or "")
-    if init_from:
-        import json
-
-        path = os.path.join(init_from, "config.json")
-        if not os.path.isfile(path):
-            raise ValueError(f"config.model.init_from={init_from} has no config.json")
-        with open(path, encoding="utf-8") as f:
-            hf = json.load(f)
-        cfg = models.ModelConfig.from_hf(
-            hf, param_dtype=config.model.param_dtype, compute_dtype=config.model.compute_dtype, remat=config.model.remat
-        )
-        return cfg, init_from
-    return models.config_from_ml(config.model), ""
+    return models.run_model_config(config)
 
 
 def _window_mean(window: list[Mapping[str, jax.Array]]) -> dict[str, float]:
@@ -320,7 +307,7 @@ def _compiled_fns(cfg: models.ModelConfig, chunk: int, opt_key: tuple, micro: in
     st_shardings = statelib.state_shardings(mesh, params_shape, p_shardings, optimizer)
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     batch_sh = {k: row_shard for k in sft_data.FIELDS}
-    loss_fn = make_sft_loss(cfg, chunk)
+    loss_fn = make_sft_loss(cfg, chunk, mesh=mesh, rules=rules)  # activation constraints + vocab-parallel log-probs
     step_fn = steplib.make_train_step(loss_fn, optimizer, st_shardings, batch_sh, schedule=schedule, micro_batches=micro)
     return step_fn, steplib.make_eval_step(loss_fn, p_shardings, batch_sh)
 
@@ -333,11 +320,12 @@ def _spec_axes(shard: NamedSharding) -> tuple[str, ...]:
 
 
 def _tokenizer_dir(config: Any, workdir: str) -> str | None:
-    """The tokenizer directory to ship with an export: config.tokenizer.path, else <workdir>/tokenizer."""
-    for cand in (str(config.tokenizer.get("path", "") or ""), os.path.join(workdir, "tokenizer")):
-        if cand and os.path.isdir(cand):
-            return cand
-    return None
+    """The tokenizer directory to ship with an export: the run's own (tokenizer.path, the init_from
+    checkpoint's, or the project BPE in <workdir>/tokenizer; see `tokenizer.select`)."""
+    from mpa_jax.tokenizer import tokenizer_dir_for_config
+
+    cand = tokenizer_dir_for_config(config, workdir)
+    return cand if cand and os.path.isdir(cand) else None
 
 
 class _Bar:

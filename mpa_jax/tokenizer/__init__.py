@@ -10,7 +10,13 @@ from mpa_jax.tokenizer.chat import (
     render_suffix,
 )
 from mpa_jax.tokenizer.core import Tokenizer, TokenizerError, load_tokenizer
-from mpa_jax.tokenizer.corpus import build_project_tokenizer, project_corpus, synthetic_corpus, tokenizer_for_config
+from mpa_jax.tokenizer.corpus import build_project_tokenizer, project_corpus, project_tokenizer, synthetic_corpus
+from mpa_jax.tokenizer.select import (
+    check_tokenizer_fits,
+    model_vocab_size,
+    tokenizer_dir_for_config,
+    tokenizer_for_config,
+)
 from mpa_jax.tokenizer.template import QWEN3_CHAT_TEMPLATE, ChatTemplateError, normalize_messages, render_chat
 from mpa_jax.tokenizer.toolcall import ParsedOutput, ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 
@@ -30,16 +36,20 @@ __all__ = [
     "assistant_spans",
     "build_project_tokenizer",
     "build_tokenizer",
+    "check_tokenizer_fits",
     "encode_chat",
     "format_tool_call",
     "generation_prompt_ids",
     "is_tokenizer_dir",
     "load_tokenizer",
+    "model_vocab_size",
     "normalize_messages",
     "parse_tool_calls",
     "project_corpus",
+    "project_tokenizer",
     "render_chat",
     "render_suffix",
     "synthetic_corpus",
+    "tokenizer_dir_for_config",
     "tokenizer_for_config",
 ]

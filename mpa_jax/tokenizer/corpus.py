@@ -1,4 +1,4 @@
-"""Text the project BPE is trained on, and `tokenizer_for_config` (load, or build once per run directory).
+"""Text the project BPE is trained on, and `project_tokenizer` (build once per run directory).
 
 The corpus is the project's own text: tool specs and rendered oracle episodes from `mpa_jax.envs` when that
 package provides them, plus synthetic phone-assistant conversations rendered with the chat template (both
@@ -147,12 +147,10 @@ def build_project_tokenizer(vocab_size: int, out_dir: str, split: str = "train",
     return tok, meta
 
 
-def tokenizer_for_config(config: Any, workdir: str) -> Tokenizer:
-    """`config.tokenizer.path` when set; else the project BPE of `config.tokenizer.vocab_size` ids, built into
-    `<workdir>/tokenizer` once and reused while its size matches."""
-    path = str(config.tokenizer.get("path", "") or "")
-    if path:
-        return load_tokenizer(os.path.expanduser(path))
+def project_tokenizer(config: Any, workdir: str) -> Tokenizer:
+    """The project BPE of `config.tokenizer.vocab_size` ids, built into `<workdir>/tokenizer` once and
+    reused while its size matches (from-scratch models only: `tokenizer.select` picks a pretrained
+    checkpoint's own tokenizer first)."""
     vocab_size = int(config.tokenizer.vocab_size)
     out = os.path.join(workdir, "tokenizer")
     meta_path = os.path.join(out, _BUILD_META)
@@ -168,4 +166,4 @@ def tokenizer_for_config(config: Any, workdir: str) -> Tokenizer:
     return tok
 
 
-__all__ = ["build_project_tokenizer", "project_corpus", "synthetic_corpus", "tokenizer_for_config"]
+__all__ = ["build_project_tokenizer", "project_corpus", "project_tokenizer", "synthetic_corpus"]
