@@ -29,6 +29,7 @@ CORE = [
     "rich>=13",
     "tensorboardX>=2.6",
     "httpx>=0.28",
+    "matplotlib>=3.8",  # PNG plots of the run report and the experiments
 ]
 
 setup(
@@ -54,6 +55,7 @@ setup(
             "torch==2.13.0",
             "mcp>=2.3,<3",
             "adbutils>=2.8",  # tests/test_adb*.py drive the real adb server through it
+            "openai>=1.40",  # tests/test_serve_openai.py: the official client against `mpa serve`
         ],
         "harness": ["mcp>=2.3,<3"],
         "serve": ["fastapi>=0.115", "uvicorn>=0.30"],
