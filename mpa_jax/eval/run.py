@@ -123,10 +123,10 @@ def evaluate(
     os.makedirs(out_dir, exist_ok=True)
     prices = PriceTable.from_config(ev.prices)
     t0 = time.perf_counter()
-    if engine is None:
-        engine = rollout_run.make_engine(config, checkpoint)
     if tokenizer is None:
         tokenizer = rollout_run.load_rollout_tokenizer(config, checkpoint, workdir or out_dir)
+    if engine is None:
+        engine = rollout_run.make_engine(config, checkpoint, tokenizer=tokenizer)
     results: dict[str, Any] = {}
     for mode in modes:
         trajs: list[Any] = []

@@ -70,7 +70,7 @@ def success_eval(config: Any, tasks: Sequence[Any], tokenizer: Any, out_dir: str
         t0 = time.perf_counter()
         host = jax.device_get(params)  # training params are sharded on the mesh; the engine places its own copies
         engine = JaxEngine(cfg, host, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config),
-                           weight_version=f"sft-{step}")
+                           weight_version=f"sft-{step}", vocab_limit=tokenizer.vocab_size)
         path = os.path.join(out_dir, f"step_{step}.jsonl")
         summary = run_rollouts(config, engine, tasks=list(tasks), out_path=path, tokenizer=tokenizer, greedy=True,
                                label=f"sft-{step}", progress=False)
