@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.sft.seq_len = 1024  # compact episodes are ~410 tokens (max ~900)
     c.sft.batch_size = 8
-    c.sft.steps = 2100
+    c.sft.steps = 3000
     c.sft.lr = 2e-3
     c.sft.warmup_steps = 30
     c.sft.eval_every = 300
