@@ -44,7 +44,7 @@ setup(
         "mpa_jax.envs": "envs",
         "mpa_jax.harness": "harness",
     },
-    package_data={"mpa_jax.envs": ["data/*.json"], "mpa_jax.harness": ["skills/*.json"]},
+    package_data={"mpa_jax.harness": ["skills/*.json"]},  # the shipped skills; envs has no data files
     install_requires=CORE,
     extras_require={
         "test": [

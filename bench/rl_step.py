@@ -55,7 +55,7 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
     rules = sharding.rules_from_config(config)
     fam = models.registry.family_module(cfg.family)
     opt, _ = make_rl_optimizer(rl, 100)
-    pshape = jax.eval_shape(lambda r: fam.init_params(cfg, r), jax.random.key(0))
+    pshape = cfg.abstract_params()
     ssh = statelib.state_shardings(mesh, pshape, sharding.param_shardings(cfg, mesh, rules), opt)
     state = statelib.create_sharded_state(lambda r: fam.init_params(cfg, r), opt, 0, ssh)
     step = _compiled_step(cfg, (1.0, float(rl.clip_low), float(rl.clip_high), 0.0, int(config.model.logprob_chunk), None),

@@ -44,7 +44,7 @@ def bench_jax(config, batch: dict[str, np.ndarray], steps: int) -> tuple[float, 
     rules = sharding.rules_from_config(config)
     opt, sched = optlib.optimizer_from_config(config.sft)
     fam = models.registry.family_module(cfg.family)
-    pshape = jax.eval_shape(lambda r: fam.init_params(cfg, r), jax.random.key(0))
+    pshape = cfg.abstract_params()
     psh = sharding.param_shardings(cfg, mesh, rules)
     ssh = statelib.state_shardings(mesh, pshape, psh, opt)
     bsh = {k: sharding.batch_sharding(mesh, rules) for k in batch}

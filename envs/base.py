@@ -1,4 +1,4 @@
-"""The env protocol every kind implements, and `make_env(kind, **kwargs)` with kwargs from config.
+"""The env protocol every kind implements, and `make_env(kind, config=None, **kwargs)` (kwargs from `config.envs.<kind>`).
 
 Kinds: "sandbox" (programmatic, `envs/sandbox.py`), "simulated" (LLM-simulated long-tail apps,
 `envs/simulated.py`), "adb" (an Android device, `envs/adb/env.py`). Factories are imported lazily so that

@@ -118,11 +118,15 @@ def generate_split(split: str, seed: int = 0, per_template: int = 0, templates: 
 
 
 def _source_hash() -> str:
+    """A digest of the generator's source (the packages file by file, in name order): part of the cache key."""
     here = pathlib.Path(__file__).parent
-    h = hashlib.sha256()
-    for name in ("catalog.py", "world.py", "tools.py", "taskgen.py", "gate.py", "verify.py", "sandbox.py", "oracle.py",
+    files: list[pathlib.Path] = []
+    for name in ("catalog.py", "world.py", "tools", "taskgen", "gate.py", "verify.py", "sandbox.py", "oracle.py",
                  "benchmark.py", "contract.py", "schema.py", "prompt.py", "render.py"):
-        h.update((here / name).read_bytes())
+        files += sorted((here / name).glob("*.py")) if (here / name).is_dir() else [here / name]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(here).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:12]
 
 

@@ -1,1 +1,2 @@
-"""Kernels: Pallas kernels and their pure-jnp references. Imports jax."""
+"""Kernels: chunked and vocabulary-parallel log-probs (logprobs.py), the gated delta rule in jnp
+(gated_delta.py) and its Pallas forward (gated_delta_pallas.py). Imports jax."""

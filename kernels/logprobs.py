@@ -4,6 +4,8 @@
 pass: a scan walks the vocabulary `chunk_size` columns at a time keeping an online log-sum-exp, and
 a custom VJP recomputes each chunk's logits in the backward scan. Live memory is O(B*T*chunk) for
 logits plus the [D, V] weight gradient. `naive_logprobs` is the plain reference.
+`vocab_parallel_logprobs` is the same computation over a vocabulary-sharded unembedding (shard_map):
+each device reads only its own columns and devices exchange per-token scalars, never logits or weights.
 
 `vocab_limit` (both functions): columns >= vocab_limit are outside the softmax, as if their logits
 were -inf. These are the embedding's padding rows that the tokenizer can never produce; the rollout

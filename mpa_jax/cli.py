@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("mpa_jax.commands.export", "turn an orbax training checkpoint into a Hugging Face directory"),
     "plan": ("mpa_jax.commands.plan", "per-device memory and FLOPs of a config's training step, without allocating"),
     "rollout": ("mpa_jax.commands.rollout", "run the agent loop over a task split and write trajectories"),
-    "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat)"),
+    "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat and completions)"),
     "rl": ("mpa_jax.commands.rl", "online RL (CARE or vanilla group-relative) over the sandbox tasks"),
     "experiment": ("mpa_jax.commands.experiment", "named experiments (care-vs-vanilla)"),
     "starter": ("mpa_jax.commands.starter", "build the starter planner (configs/starter.py) with its datasheet"),

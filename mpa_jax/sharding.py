@@ -4,6 +4,10 @@ Mesh axes are (data, fsdp, tensor, expert). Arrays name their dimensions with lo
 length, embed, mlp, heads, kv_heads, head_dim, vocab, experts, norm, ...); `rules` map each logical
 name to a mesh axis, a tuple of mesh axes, or None (replicated). A logical name without a rule is
 replicated. Rules come from `config.sharding_rules`.
+
+Inside a traced step, `activation_sharding(mesh, rules)` makes `constrain(x, logical_axes)` pin
+activations to their logical axes (a no-op outside it). This module never imports `mpa_jax.models`:
+`param_shardings` takes the config's own `abstract_params()` and `param_logical_axes()`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""ModelConfig: the architecture (Hugging Face config.json names) plus our dtype/remat choices."""
+"""ModelConfig: the architecture (Hugging Face config.json names) plus our run choices (RUN_FIELDS: dtypes,
+remat, scanned layers, attention and delta-rule kernels)."""
 from __future__ import annotations
 
 import dataclasses

@@ -160,7 +160,7 @@ def run_sft(
     optimizer, _ = optlib.optimizer_from_config(sft)
     p_shardings = sharding.param_shardings(cfg, mesh, rules)
     family = models.registry.family_module(cfg.family)
-    params_shape = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
+    params_shape = cfg.abstract_params()
     st_shardings = statelib.state_shardings(mesh, params_shape, p_shardings, optimizer)
 
     meta = {
@@ -301,10 +301,8 @@ def _compiled_fns(cfg: models.ModelConfig, chunk: int, opt_key: tuple, micro: in
     import ml_collections
 
     optimizer, schedule = optlib.optimizer_from_config(ml_collections.ConfigDict({k: v for k, v in opt_key if v is not None}))
-    family = models.registry.family_module(cfg.family)
-    params_shape = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
     p_shardings = sharding.param_shardings(cfg, mesh, rules)
-    st_shardings = statelib.state_shardings(mesh, params_shape, p_shardings, optimizer)
+    st_shardings = statelib.state_shardings(mesh, cfg.abstract_params(), p_shardings, optimizer)
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     batch_sh = {k: row_shard for k in sft_data.FIELDS}
     loss_fn = make_sft_loss(cfg, chunk, mesh=mesh, rules=rules)  # activation constraints + vocab-parallel log-probs

@@ -1,7 +1,8 @@
 """Generic training core: state pytree, optimizer, jitted sharded step, orbax checkpoints, metrics.
 
-Nothing here knows about tasks or SFT data; `mpa_jax.sft` (and RL later) supply a loss function
-`loss_fn(params, batch) -> (token-loss sum, token count)` and batches.
+Nothing here knows about tasks or SFT data; `mpa_jax.sft` and `mpa_jax.rl` supply a loss function
+`loss_fn(params, batch) -> (token-loss sum, token count[, extra sums])` and batches. `memory.py` sizes a
+config's training step per device without allocating (`mpa plan`).
 """
 from mpa_jax.train.checkpoint import Checkpointer, CheckpointError, find_step_dir, local_rows  # noqa: F401
 from mpa_jax.train.metrics import MetricsWriter, mfu, peak_flops_per_device, read_metrics, train_flops_per_token  # noqa: F401

@@ -1,6 +1,6 @@
 """Orbax checkpoints of a training run: async, keep-N, atomic, exact resume, loud mismatches.
 
-A checkpoint step directory holds three items:
+A checkpoint step directory holds three items, four with `extra`:
   state  the TrainState (params, optimizer state, step, rng), sharded arrays;
   data   the data iterator position as a global array (each process saves the rows it owns);
   meta   JSON: what the state was built for (model config, parameter shapes, data set, batch shape);

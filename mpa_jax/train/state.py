@@ -1,6 +1,6 @@
 """The train state pytree and its shardings.
 
-`TrainState(params, opt_state, step, rng)`: float32 master params, the optax state, an int32 step and a
+`TrainState(params, opt_state, step, rng)`: master params in `param_dtype` (float32 in every shipped config), the optax state, an int32 step and a
 raw uint32 PRNG key (raw keys checkpoint as plain arrays). Sharding: params follow the logical-axis
 rules; optimizer moments mirror their params; every other leaf is replicated.
 """
