@@ -183,7 +183,7 @@ PARSERS: dict[str, Callable[[str], list[Row]]] = {
 ARGS: dict[str, list[str]] = {
     "adb": ["--episodes", "30", "--echoes", "100"],
     "forward": ["--steps", "2", "--rounds", "2", "--batch", "4"],
-    "generate": ["--repeats", "2"],
+    "generate": ["--repeats", "1", "--new", "32"],
     "memory": ["--tokens", "1m", "--queries", "100", "--dir", "/tmp/mpa_memory_bench_1m"],
     "rl_step": ["--prompt-len", "64", "--completion-len", "16", "--tasks", "4", "--group", "4", "--iters", "1"],
     "sandbox": ["--calls", "20000", "--resets", "1000", "--live", "32", "--rounds", "20"],
@@ -271,6 +271,34 @@ def rewrite_perf(perf_path: str, block: str) -> None:
     os.replace(perf_path + ".tmp", perf_path)
 
 
+def merge_table(perf_path: str, block: str, note: str) -> str:
+    """`block` (a table of the benches just run) merged into the table already in `perf_path` (`--merge`):
+    the re-run benches' rows replace theirs, every other bench's rows are kept as they were, and `note`
+    (which benches were re-run, when, under what load) is added under the old heading line."""
+    text = open(perf_path, encoding="utf-8").read() if os.path.exists(perf_path) else ""
+    if START not in text or END not in text:
+        return block
+    old = text.split(START, 1)[1].split(END, 1)[0].strip("\n").splitlines()
+    new = block.split(START, 1)[1].split(END, 1)[0].strip("\n").splitlines()
+
+    def rows_by_bench(lines: list[str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for line in lines:
+            if line.startswith("| ") and not line.startswith(("| bench |", "|---")):
+                out.setdefault(line.split(" | ", 1)[0][2:], []).append(line)
+        return out
+
+    old_rows, new_rows = rows_by_bench(old), rows_by_bench(new)
+    merged = {**old_rows, **new_rows}
+    head = [line for line in old if not line.startswith("|")]
+    head = [h for h in head if h.strip()]
+    lines = [START, "", *[h for h in head], "", note, "",
+             "| bench | figure | ours | peer | peer value | ratio | date | machine |", "|---|---|---|---|---|---|---|---|"]
+    for name in sorted(merged):
+        lines += merged[name]
+    return "\n".join([*lines, "", END])
+
+
 def bench_env() -> dict[str, str]:
     """The benches' environment: one XLA host device per usable core (the Makefile's 8 is for tests)."""
     env = dict(os.environ)
@@ -330,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", default=os.path.join(ROOT, "runs", "bench"))
     ap.add_argument("--timeout", type=int, default=600, help="seconds per bench (a bench past it is a failed row)")
     ap.add_argument("--dry-run", action="store_true", help="print the table, do not rewrite docs/perf.md")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --only: replace only these benches' rows in the existing table, keep the others")
     ap.add_argument("--from-logs", action="store_true", help="parse the logs of the last run again instead of running")
     args = ap.parse_args(argv)
     names = benches()
@@ -354,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     load = (f"load average {load0[0]:.1f} (1 min) / {load0[1]:.1f} (5 min) at start, {load1[0]:.1f} at the end; "
             f"{(time.perf_counter() - t0) / 60:.0f} min in all")
     block = table(results, stamp.split()[0], machine() + f", started {stamp}", load)
+    if args.merge:
+        args_used = "; ".join(f"{n} {' '.join(ARGS.get(n, [])) or '(defaults)'}" for n in results)
+        block = merge_table(args.perf, block, f"Re-run on their own ({stamp}; {load}): {args_used}.")
     print(block)
     if not args.dry_run:
         rewrite_perf(args.perf, block)
