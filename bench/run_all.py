@@ -1,15 +1,17 @@
 """`make bench`: run every benchmark in bench/ and rewrite the figures table in docs/perf.md.
 
-    .venv/bin/python bench/run_all.py [--only forward,sandbox] [--dry-run] [--perf docs/perf.md]
+    .venv/bin/python bench/run_all.py [--only forward,sandbox [--merge]] [--dry-run] [--from-logs] [--timeout 600]
 
-Each bench runs as its own process with its default arguments (plus the quick arguments below, where a
-bench's defaults would take many minutes); its stdout is kept under runs/bench/<name>.log and its
-figures are read from the lines it prints (the parsers below: ours, the peer it is measured against,
-the ratio, higher = better for ours). Only the table between the `bench-table` markers in docs/perf.md
-is rewritten (added after the introduction the first time), with the date and the machine; the prose
-stays as it is. A bench that fails or prints no parsable figure gets a row saying so. A bench file
-without a parser still runs and gets a row "(no parser: see its log)". models_accel.py needs an
-accelerator and is run only where JAX sees one.
+Each bench runs as its own process, one at a time, with one XLA host device per usable core and the
+`make bench` arguments in ARGS (sizes that finish in ~1-3 minutes on a 2-core host; a bench's own defaults
+are its full measurement); its stdout and stderr are kept under runs/bench/<name>.log and its figures are
+read from the lines it prints (one parser per bench below: ours, the peer or target it is measured
+against, the ratio, > 1 = ours better). Only the table between the `bench-table` markers in docs/perf.md
+is rewritten (added before the first section the first time), with the date, the machine (CPU model,
+cores) and the load average at the start and end; the prose stays as it is. A bench that exits non-zero,
+runs past --timeout or prints no parsable figure gets a row saying it failed, the other rows are still
+written, and the exit status is 1. A bench file without a parser still runs and gets a row saying so.
+models_accel.py needs an accelerator and is run only where JAX sees one (elsewhere a row says so).
 """
 from __future__ import annotations
 
@@ -166,8 +168,13 @@ def parse_tool_retrieval(out: str) -> list[Row]:
 
 
 def parse_models_accel(out: str) -> list[Row]:
+    """Parity (our bfloat16 logits' error vs transformers' own, against a float32 reference) and fwd+bwd tokens/s."""
     rows = []
-    for dev, attn, ms, tok, mfu in re.findall(r"^fwd\+bwd (.+?) attention=(\w+) batch \d+ x \d+: ([\d.]+) ms/step.*?, ([\d,]+) tokens/s, [\d.]+ model TFLOP/s, MFU ([\d.]+%|n/a)", out, re.M):
+    parity = r"^parity (\S+)\s+vs the float32 reference: ours bf16 ([\d.e+-]+), transformers bf16 \((\w+)\) ([\d.e+-]+)"
+    for name, ours, dev, theirs in re.findall(parity, out, re.M):
+        rows.append((f"bf16 logits error vs float32, {name}", "", float(ours), f"transformers bf16 ({dev})", float(theirs), "lower"))
+    step = r"^fwd\+bwd (.+?) attention=(\w+) batch \d+ x \d+: [\d.]+ ms/step.*?, ([\d,]+) tokens/s, [\d.]+ model TFLOP/s, MFU ([\d.]+%|n/a)"
+    for dev, attn, tok, mfu in re.findall(step, out, re.M):
         rows.append((f"fwd+bwd tokens/s on {dev} ({attn}; MFU {mfu})", "tok/s", _num(tok), "-", None, "higher"))
     return rows
 
@@ -235,7 +242,8 @@ def ratio(ours: float, peer: float | None, direction: str) -> float | None:
 
 
 def _fmt(v: float, unit: str) -> str:
-    return f"{v:,.4g} {unit}".strip()
+    # thousands as plain digits with separators (4 significant digits would print 1.587e+05)
+    return (f"{v:,.0f} {unit}" if abs(v) >= 1000 else f"{v:.4g} {unit}").strip()
 
 
 def table(results: dict[str, tuple[str, list[Row]]], date: str, mach: str, load: str = "") -> str:
@@ -297,6 +305,17 @@ def merge_table(perf_path: str, block: str, note: str) -> str:
     for name in sorted(merged):
         lines += merged[name]
     return "\n".join([*lines, "", END])
+
+
+def keep_heading(perf_path: str, block: str) -> str:
+    """`block`'s rows under the heading lines (everything but the table) of the table already in `perf_path`."""
+    text = open(perf_path, encoding="utf-8").read() if os.path.exists(perf_path) else ""
+    if START not in text or END not in text:
+        return block
+    old = text.split(START, 1)[1].split(END, 1)[0].strip("\n").splitlines()
+    head = [line for line in old if not line.startswith("|")]
+    rows = [line for line in block.splitlines() if line.startswith("|")]
+    return "\n".join([START, "", *head, "", *rows, "", END]).replace("\n\n\n", "\n\n")
 
 
 def bench_env() -> dict[str, str]:
@@ -384,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     load = (f"load average {load0[0]:.1f} (1 min) / {load0[1]:.1f} (5 min) at start, {load1[0]:.1f} at the end; "
             f"{(time.perf_counter() - t0) / 60:.0f} min in all")
     block = table(results, stamp.split()[0], machine() + f", started {stamp}", load)
+    if args.from_logs:  # the logs are an earlier run's: keep the heading (date, machine, load) it wrote
+        block = keep_heading(args.perf, block)
     if args.merge:
         args_used = "; ".join(f"{n} {' '.join(ARGS.get(n, [])) or '(defaults)'}" for n in results)
         block = merge_table(args.perf, block, f"Re-run on their own ({stamp}; {load}): {args_used}.")
