@@ -10,7 +10,8 @@ against, the ratio, > 1 = ours better). Only the table between the `bench-table`
 is rewritten (added before the first section the first time), with the date, the machine (CPU model,
 cores) and the load average at the start and end; the prose stays as it is. A bench that exits non-zero,
 runs past --timeout or prints no parsable figure gets a row saying it failed, the other rows are still
-written, and the exit status is 1. A bench file without a parser still runs and gets a row saying so.
+written, and the exit status is 1. A bench without a parser here can print `BENCH_ROW {json}` lines
+(parse_bench_rows); one with neither gets a failed row "no figure parsed".
 models_accel.py needs an accelerator and is run only where JAX sees one (elsewhere a row says so).
 """
 from __future__ import annotations
@@ -176,6 +177,19 @@ def parse_models_accel(out: str) -> list[Row]:
     step = r"^fwd\+bwd (.+?) attention=(\w+) batch \d+ x \d+: [\d.]+ ms/step.*?, ([\d,]+) tokens/s, [\d.]+ model TFLOP/s, MFU ([\d.]+%|n/a)"
     for dev, attn, tok, mfu in re.findall(step, out, re.M):
         rows.append((f"fwd+bwd tokens/s on {dev} ({attn}; MFU {mfu})", "tok/s", _num(tok), "-", None, "higher"))
+    return rows
+
+
+def parse_bench_rows(out: str) -> list[Row]:
+    """Machine-readable rows any bench may print, one a line, besides (or instead of) a parser here:
+    `BENCH_ROW {"figure": "...", "unit": "s", "ours": 1.0, "peer": "...", "peer_value": 2.0, "direction": "lower"}`
+    (peer and peer_value may be omitted or null: no ratio)."""
+    rows = []
+    for line in re.findall(r"^BENCH_ROW (\{.*\})\s*$", out, re.M):
+        d = json.loads(line)
+        pv = d.get("peer_value")
+        rows.append((str(d["figure"]), str(d.get("unit", "")), float(d["ours"]), str(d.get("peer") or "-"),
+                     None if pv is None else float(pv), "lower" if d.get("direction") == "lower" else "higher"))
     return rows
 
 
@@ -346,10 +360,8 @@ def run_bench(name: str, log_dir: str, timeout: int) -> tuple[str, list[Row]]:
     where = os.path.relpath(log, ROOT)
     if res.returncode != 0:
         return f"failed (rc {res.returncode}; log: {where})", []
-    if name not in PARSERS:
-        return f"(no parser: see {where})", []
     try:
-        rows = PARSERS[name](res.stdout)
+        rows = (PARSERS[name](res.stdout) if name in PARSERS else []) + parse_bench_rows(res.stdout)
     except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:  # a changed output format is a failure, not a crash
         return f"failed: parser error {type(e).__name__}: {e} (log: {where})", []
     return (f"ok ({dt:.0f} s)" if rows else f"failed: no figure parsed (log: {where})"), rows
@@ -362,7 +374,10 @@ def from_log(name: str, log_dir: str) -> tuple[str, list[Row]]:
         return f"failed: no log {os.path.relpath(log, ROOT)}", []
     text = open(log, encoding="utf-8").read().split("\n", 1)[-1]
     stdout = text.split(STDERR_MARK, 1)[0]
-    rows = PARSERS[name](stdout) if name in PARSERS else []
+    try:
+        rows = (PARSERS[name](stdout) if name in PARSERS else []) + parse_bench_rows(stdout)
+    except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+        return f"failed: parser error {type(e).__name__}: {e} (log: {os.path.relpath(log, ROOT)})", []
     return ("ok (from its log)" if rows else f"failed: no figure parsed (log: {os.path.relpath(log, ROOT)})"), rows
 
 

@@ -164,3 +164,16 @@ def test_merge_replaces_only_the_rerun_benches_rows(tmp_path, monkeypatch):
     assert "| broken | failed (rc 3) |" in text and "| mute | m | 1 s | p | 3 s | **3.00x** |" in text
     assert "| good | widgets/s | 4 w/s | peer | 2 w/s | **2.00x** |" in text and "Re-run on their own" in text
     assert "load 9" in text and "Prose." in text and "More prose." in text and text.count(run_all.START) == 1
+
+
+def test_a_bench_without_a_parser_can_print_bench_rows(tmp_path, monkeypatch):
+    _fake_benches(tmp_path, monkeypatch)
+    (tmp_path / "bench" / "rowful.py").write_text(
+        "import json\nprint('BENCH_ROW ' + json.dumps({'figure': 'sweep s', 'unit': 's', 'ours': 3.0, 'peer': 'old', "
+        "'peer_value': 6.0, 'direction': 'lower'}))\nprint('BENCH_ROW ' + json.dumps({'figure': 'success', 'ours': 0.5}))\n")
+    perf = tmp_path / "perf.md"
+    assert run_all.main(["--only", "rowful", "--perf", str(perf), "--logs", str(tmp_path / "logs")]) == 0
+    text = perf.read_text()
+    assert "| rowful | sweep s | 3 s | old | 6 s | **2.00x** |" in text and "| rowful | success | 0.5 | - | - | - |" in text
+    with pytest.raises(ValueError):
+        run_all.parse_bench_rows('BENCH_ROW {"figure": "x"}\n'.replace('"x"}', '"x", "ours": "many"}'))
