@@ -285,6 +285,7 @@ class SlotLoop:
         self.pending = 0  # requests submitted and not finished
         self.admitted = 0  # requests admitted into slots
         self.fallback_rows = 0  # requests too long for a slot, run through engine.generate_rows
+        self.cancelled_rows = 0  # requests ended early by their consumer
         self._thread = threading.Thread(target=self._run, name="mpa-slots", daemon=True)
         self._thread.start()
 
@@ -349,6 +350,7 @@ class SlotLoop:
         # Cancelled before they started: answered with no tokens.
         for req in [r for r in self._waiting if r.cancelled]:
             self._waiting.remove(req)
+            self.cancelled_rows += 1
             self._finish(req, self._result(req, "length"))
         # Too long for a slot: the engine's own program, here between chunks.
         big = [r for r in self._waiting if not self.dec.fits(len(r.prompt), r.params.max_new_tokens)]
@@ -427,6 +429,7 @@ class SlotLoop:
             self._pos[s] += k
             done = not bool(live[s]) or req.cancelled
             if done:
+                self.cancelled_rows += int(req.cancelled and bool(live[s]))
                 self._slot[s] = None
                 self._live[s] = False
                 self._finish(req, self._result(req, "stop" if bool(stopped[s]) else "length"), new=(new_t, new_lp, new_top))
