@@ -113,7 +113,12 @@ class SlotDecoder:
         self.engine = engine
         self.cfg = engine.cfg
         self.replicas = int(getattr(engine, "replicas", 1))
-        self.slots = -(-max(int(slots), 1) // self.replicas) * self.replicas
+        # Slots live as [replicas, per_replica]; slot s is (s % R, s // R), so the lowest slots (the ones
+        # the loop fills first) are spread over the replicas, and a chunk runs only over a prefix of
+        # each replica's slots wide enough for the busiest one (`width`): a lone request costs a
+        # 1-row step, not a step over every slot.
+        self.per_replica = _bucket(-(-max(int(slots), 1) // self.replicas))
+        self.slots = self.per_replica * self.replicas
         self.max_len = min(int(max_len), int(self.cfg.max_position_embeddings))
         self.chunk = int(chunk)
         self.min_prompt_bucket = int(min_prompt_bucket)
@@ -132,9 +137,10 @@ class SlotDecoder:
         self._src: Any = None
         self._dparams = None
         state1 = jax.eval_shape(lambda: models.init_decode_state(self.cfg, 1, self.max_len, engine.cache_dtype))
-        self.state = jax.tree.map(lambda s: jnp.zeros((self.slots,) + s.shape, s.dtype), state1)
+        lead = (self.replicas, self.per_replica)
+        self.state = jax.tree.map(lambda s: jnp.zeros(lead + s.shape, s.dtype), state1)
         self.state = jax.device_put(self.state, self._rows)
-        self.logits = jax.device_put(jnp.zeros((self.slots, self.cfg.vocab_size), jnp.float32), self._rows)
+        self.logits = jax.device_put(jnp.zeros(lead + (self.cfg.vocab_size,), jnp.float32), self._rows)
         self.prefills = 0  # prefill program calls
         self.steps = 0  # decode chunk calls
 
@@ -163,8 +169,9 @@ class SlotDecoder:
         for r, p in enumerate(prompts):
             ids[r, p_len - len(p):] = p
             mask[r, p_len - len(p):] = 1
-        where = np.full((nb,), self.slots, np.int32)  # out of range: dropped by the scatter
-        where[: len(slot_ids)] = slot_ids
+        where = np.full((2, nb), self.replicas, np.int32)  # out of range: dropped by the scatter
+        where[0, : len(slot_ids)] = np.asarray(slot_ids) % self.replicas
+        where[1, : len(slot_ids)] = np.asarray(slot_ids) // self.replicas
         program = _jitted_prefill(self.cfg, self.max_len, self.engine.cache_dtype, self._rows)
         put = functools.partial(jax.device_put, device=self._repl)
         self.state, self.logits = program(self.params(), self.state, self.logits, put(ids), put(mask), put(where))
@@ -173,13 +180,26 @@ class SlotDecoder:
     def decode(self, pos: np.ndarray, t: np.ndarray, live: np.ndarray, seeds: np.ndarray, temperature: np.ndarray,
                top_k: np.ndarray, top_p: np.ndarray, max_new: np.ndarray, stops: np.ndarray, *, greedy: bool,
                filtered: bool, n_top: int) -> tuple[np.ndarray, ...]:
-        """One chunk over all slots. Per-slot host arrays in; returns numpy (tokens [S, chunk], log-probs,
-        emitted [S, chunk], live [S], stopped [S], top ids, top log-probs)."""
-        program = _jitted_chunk(self.cfg, self.vocab_limit, self.chunk, greedy, filtered, n_top, self._rows)
-        rows = [jax.device_put(a, self._rows) for a in (pos, t, live, seeds, temperature, top_k, top_p, max_new, stops)]
+        """One chunk over the slots below the highest live one. Per-slot host arrays [S, ...] in slot order;
+        returns numpy in slot order (tokens [S, chunk], log-probs, emitted [S, chunk], live [S], stopped
+        [S], top ids, top log-probs); slots past the width come back as not emitted."""
+        r, per = self.replicas, self.per_replica
+        width = min(_bucket(int(np.flatnonzero(live).max()) // r + 1), per) if live.any() else 1
+
+        def to_dev(a: np.ndarray) -> np.ndarray:  # [S, ...] slot order -> [R, width, ...]
+            return np.swapaxes(a.reshape((per, r) + a.shape[1:]), 0, 1)[:, :width]
+
+        def to_host(a: np.ndarray) -> np.ndarray:  # [R, width, ...] -> [S, ...] slot order, zero-filled
+            full = np.zeros((r, per) + a.shape[2:], a.dtype)
+            full[:, :width] = a
+            return np.swapaxes(full, 0, 1).reshape((self.slots,) + a.shape[2:])
+
+        program = _jitted_chunk(self.cfg, self.vocab_limit, self.chunk, greedy, filtered, n_top, width, self._rows)
+        rows = [jax.device_put(np.ascontiguousarray(to_dev(a)), self._rows)
+                for a in (pos, t, live, seeds, temperature, top_k, top_p, max_new, stops)]
         self.state, self.logits, *outs = program(self.params(), self.state, self.logits, *rows)
         self.steps += 1
-        return tuple(np.asarray(x) for x in jax.device_get(outs))
+        return tuple(to_host(np.asarray(x)) for x in jax.device_get(outs))
 
 
 @functools.lru_cache(maxsize=None)
@@ -199,10 +219,10 @@ def _jitted_prefill(cfg: models.ModelConfig, max_len: int, cache_dtype: str | No
 
         def put(big, new):
             new = jnp.broadcast_to(new, (nb,)) if new.ndim == 0 else new[:, None]
-            return big.at[where].set(new.astype(big.dtype), mode="drop")
+            return big.at[where[0], where[1]].set(new.astype(big.dtype), mode="drop")
 
         state = jax.tree.map(put, state, st)
-        logits = logits.at[where].set(lg[:, 0], mode="drop")
+        logits = logits.at[where[0], where[1]].set(lg[:, 0], mode="drop")
         return jax.lax.with_sharding_constraint(state, rows), jax.lax.with_sharding_constraint(logits, rows)
 
     return jax.jit(prefill, donate_argnums=(1, 2))
@@ -210,15 +230,21 @@ def _jitted_prefill(cfg: models.ModelConfig, max_len: int, cache_dtype: str | No
 
 @functools.lru_cache(maxsize=None)
 def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy: bool, filtered: bool, n_top: int,
-                  rows: Any):
+                  width: int, rows: Any):
     def step_one(params, state, tok, pos, live):
         lg, st = models.decode(cfg, params, tok[None, None], pos[None, None], state, live[None, None].astype(jnp.int32))
         return lg[0, 0], st
 
     step_all = jax.vmap(step_one, in_axes=(None, 0, 0, 0, 0))
 
-    def run(params, state, logits, pos, t, live, seeds, temperature, top_k, top_p, max_new, stops):
-        s = logits.shape[0]
+    def run(params, full_state, full_logits, *per_slot):
+        # [R, width, ...] -> [R * width, ...]: the slots of this chunk as one batch.
+        r = full_logits.shape[0]
+        flat = lambda x: x.reshape((r * width,) + x.shape[2:])  # noqa: E731
+        state = jax.tree.map(lambda x: flat(x[:, :width]), full_state)
+        logits = flat(full_logits[:, :width])
+        pos, t, live, seeds, temperature, top_k, top_p, max_new, stops = map(flat, per_slot)
+        s = r * width
         keys = jax.vmap(jax.random.key)(seeds)
         toks = jnp.zeros((s, chunk), jnp.int32)
         lps = jnp.zeros((s, chunk), jnp.float32)
@@ -246,10 +272,12 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
             return (state, logits, pos, t, live, stopped, toks, lps, emitted, *tops)
 
         carry = jax.lax.fori_loop(0, chunk, body, (state, logits, pos, t, live, stopped, toks, lps, emitted, *tops))
-        state, logits = carry[0], carry[1]
+        unflat = lambda x: x.reshape((r, width) + x.shape[1:])  # noqa: E731
+        state = jax.tree.map(lambda big, new: big.at[:, :width].set(unflat(new)), full_state, carry[0])
+        logits = full_logits.at[:, :width].set(unflat(carry[1]))
         state = jax.lax.with_sharding_constraint(state, rows)
         logits = jax.lax.with_sharding_constraint(logits, rows)
-        return (state, logits, carry[6], carry[7], carry[8], carry[4], carry[5], *carry[9:])
+        return (state, logits, *(unflat(x) for x in (carry[6], carry[7], carry[8], carry[4], carry[5], *carry[9:])))
 
     return jax.jit(run, donate_argnums=(1, 2))
 
