@@ -128,9 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     await client.close()
 
-            got = app.state.get_batcher().kind
-            if got != kind:
-                raise SystemExit(f"asked for the {kind} batcher, the server runs {got}")
+            batcher = app.state.get_batcher()
+            if batcher.kind != kind:
+                raise SystemExit(f"asked for the {kind} batcher, the server runs {batcher.kind}")
+            if kind == "slots":  # compile every prefill/chunk width up front, as the raw side did
+                for n in sorted({len(p) for p in prompts}, key=lambda n: -n)[:1] + [min(len(p) for p in prompts)]:
+                    batcher.decoder.warmup(n)
             for c in args.concurrency:
                 asyncio.run(load(c))  # warm: compiles the shapes this load produces
                 wall, lat, toks = asyncio.run(load(c))

@@ -54,6 +54,14 @@ def _bucket(n: int, minimum: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def _coarse(n: int, cap: int) -> int:
+    """Smallest power of four >= n, capped: few distinct batch widths, so few compiled programs."""
+    b = 1
+    while b < n:
+        b *= 4
+    return min(b, cap)
+
+
 def _prompt_bucket(n: int, minimum: int) -> int:
     """Prefill width: a power of two up to 256, then a multiple of 256 (long prompts waste little of a slot)."""
     b = _bucket(n, minimum)
@@ -155,13 +163,36 @@ class SlotDecoder:
             self._params_version = version
         return self._dparams
 
+    def warmup(self, prompt_len: int, greedy: bool = False, filtered: bool = False, n_top: int = 0) -> None:
+        """Compile the prefill and chunk programs a load of `prompt_len`-token prompts can use (a server
+        compiles them on first use otherwise; benches call this so that compiles stay out of timings)."""
+        p = [1] * int(prompt_len)
+        nb = 1
+        while True:
+            self.prefill([p] * min(nb, self.slots), list(range(min(nb, self.slots))))
+            if nb >= self.max_prefill:
+                break
+            nb = min(nb * 4, self.max_prefill)
+        s = self.slots
+        z = lambda dt, v=0: np.full((s,), v, dt)  # noqa: E731
+        w = 1
+        while True:
+            live = np.zeros((s,), bool)
+            live[: w * self.replicas] = True
+            self.decode(z(np.int32, 1), z(np.int32), live, z(np.uint32), z(np.float32, 0.0 if greedy else 1.0),
+                        z(np.int32, -1), z(np.float32, 1.0), z(np.int32, 1), np.full((s, 4), -1, np.int32),
+                        greedy=greedy, filtered=filtered, n_top=n_top)
+            if w >= self.per_replica:
+                break
+            w = min(w * 4, self.per_replica)
+
     def fits(self, prompt_len: int, max_new: int) -> bool:
         """Whether a request fits one slot's cache."""
         return _prompt_bucket(prompt_len, self.min_prompt_bucket) + max_new <= self.max_len
 
     def prefill(self, prompts: list[list[int]], slot_ids: list[int]) -> None:
         """Write `prompts` into slots `slot_ids` (up to max_prefill at once; the caller splits)."""
-        nb = _bucket(len(prompts))
+        nb = _coarse(len(prompts), self.max_prefill)
         p_len = _prompt_bucket(max(len(p) for p in prompts), self.min_prompt_bucket)
         ids = np.zeros((nb, p_len), np.int32)
         mask = np.zeros((nb, p_len), np.int32)
@@ -184,7 +215,7 @@ class SlotDecoder:
         returns numpy in slot order (tokens [S, chunk], log-probs, emitted [S, chunk], live [S], stopped
         [S], top ids, top log-probs); slots past the width come back as not emitted."""
         r, per = self.replicas, self.per_replica
-        width = min(_bucket(int(np.flatnonzero(live).max()) // r + 1), per) if live.any() else 1
+        width = _coarse(int(np.flatnonzero(live).max()) // r + 1, per) if live.any() else 1
 
         def to_dev(a: np.ndarray) -> np.ndarray:  # [S, ...] slot order -> [R, width, ...]
             return np.swapaxes(a.reshape((per, r) + a.shape[1:]), 0, 1)[:, :width]
