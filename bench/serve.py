@@ -18,7 +18,7 @@ the model's shape (e.g. `--hidden 256 --intermediate 768 --layers 4 --heads 8 --
 starter's) so that decode, not HTTP, dominates a request.
 
 Usage: `python bench/serve.py [--concurrency 1 8 64] [--requests 4] [--new 32] [--replicas 0]
-[--batcher call slots] [--chunk 4] [--slot-len 256] [--hidden H --intermediate I --layers L ...]`.
+[--batcher call slots] [--chunk 8] [--slot-len 128] [--hidden H --intermediate I --layers L ...]`.
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=2048, help="tokenizer size (the model's embedding is larger)")
     ap.add_argument("--replicas", type=int, default=0, help="engine weight replicas (0: one per core)")
     ap.add_argument("--batcher", nargs="+", choices=["call", "slots"], default=["call", "slots"])
-    ap.add_argument("--chunk", type=int, default=4, help="slot loop: decode steps per chunk")
-    ap.add_argument("--slot-len", type=int, default=256, help="slot loop: tokens per slot")
+    ap.add_argument("--chunk", type=int, default=8, help="slot loop: decode steps per chunk")
+    ap.add_argument("--slot-len", type=int, default=128, help="slot loop: tokens per slot (attention reads all of them every step)")
     for name in ("hidden", "intermediate", "layers", "heads", "kv-heads", "head-dim"):
         ap.add_argument(f"--{name}", type=int, default=None, help="model shape override")
     args = ap.parse_args(argv)

@@ -272,8 +272,9 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
         # [R, width, ...] -> [R * width, ...]: the slots of this chunk as one batch.
         r = full_logits.shape[0]
         flat = lambda x: x.reshape((r * width,) + x.shape[2:])  # noqa: E731
-        state = jax.tree.map(lambda x: flat(x[:, :width]), full_state)
-        logits = flat(full_logits[:, :width])
+        full = width == full_logits.shape[1]  # no prefix to cut out (and no copy of the caches)
+        state = jax.tree.map(lambda x: flat(x if full else x[:, :width]), full_state)
+        logits = flat(full_logits if full else full_logits[:, :width])
         pos, t, live, seeds, temperature, top_k, top_p, max_new, stops = map(flat, per_slot)
         s = r * width
         keys = jax.vmap(jax.random.key)(seeds)
@@ -304,8 +305,11 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
 
         carry = jax.lax.fori_loop(0, chunk, body, (state, logits, pos, t, live, stopped, toks, lps, emitted, *tops))
         unflat = lambda x: x.reshape((r, width) + x.shape[1:])  # noqa: E731
-        state = jax.tree.map(lambda big, new: big.at[:, :width].set(unflat(new)), full_state, carry[0])
-        logits = full_logits.at[:, :width].set(unflat(carry[1]))
+        if full:
+            state, logits = jax.tree.map(unflat, carry[0]), unflat(carry[1])
+        else:
+            state = jax.tree.map(lambda big, new: big.at[:, :width].set(unflat(new)), full_state, carry[0])
+            logits = full_logits.at[:, :width].set(unflat(carry[1]))
         state = jax.lax.with_sharding_constraint(state, rows)
         logits = jax.lax.with_sharding_constraint(logits, rows)
         return (state, logits, *(unflat(x) for x in (carry[6], carry[7], carry[8], carry[4], carry[5], *carry[9:])))
