@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
         default_max_new_tokens=int(config.serve.max_new_tokens),
         batcher=str(config.serve.get("batcher", "auto")),
         slot_len=int(config.serve.get("slot_len", 1024)),
-        slot_chunk=int(config.serve.get("slot_chunk", 4)),
+        slot_chunk=int(config.serve.get("slot_chunk", 8)),
     )
     serve_forever(app, host, port, on_start=lambda url: print(f"mpa serve: {url} (weights {engine.weight_version})", flush=True))
     return 0

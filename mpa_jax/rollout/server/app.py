@@ -89,7 +89,7 @@ def create_app(
     batch_wait_s: float = 0.002,
     batcher: str = "auto",
     slot_len: int = 1024,
-    slot_chunk: int = 4,
+    slot_chunk: int = 8,
 ) -> Any:
     """The FastAPI app serving `engine` (and `tokenizer` for text, chat and completion endpoints).
 

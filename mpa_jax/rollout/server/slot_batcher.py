@@ -19,7 +19,7 @@ class SlotBatcher:
 
     kind = "slots"
 
-    def __init__(self, engine: Any, max_batch: int, *, max_len: int = 1024, chunk: int = 4) -> None:
+    def __init__(self, engine: Any, max_batch: int, *, max_len: int = 1024, chunk: int = 8) -> None:
         self.engine = engine
         self.decoder = SlotDecoder(engine, slots=max_batch, max_len=max_len, chunk=chunk)
         self.loop = SlotLoop(self.decoder)
