@@ -122,3 +122,32 @@ def test_stream_arrives_while_generating_and_a_closed_stream_frees_its_slot(ckpt
                 break
         stream.close()
         assert timed_wait(lambda: batcher.loop.idle, 60) and batcher.loop.cancelled_rows == 1
+
+
+def test_streamed_tool_calls_go_out_as_each_call_closes(tok):
+    """Each tool call is sent when its `</tool_call>` is decoded, before the text after it (a scripted
+    engine: a random model writes no tool calls; its tokens are fed one update per token)."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+             for n in ("set_alarm", "send_sms")]
+    reply = (tk.format_tool_call("set_alarm", {"time": "07:00"}) + "\n" + tk.format_tool_call("send_sms", {"to": "mom"})
+             + "\nDone, both sent.")
+    with ServerThread(create_app(ScriptedEngine(tok, lambda ids, i: reply), tok)) as server:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        whole = c.chat.completions.create(model="mpa", messages=[{"role": "user", "content": "x"}], tools=tools)
+        events, calls, content, finish = [], {}, "", None
+        for chunk in c.chat.completions.create(model="mpa", messages=[{"role": "user", "content": "x"}], tools=tools,
+                                               stream=True):
+            d = chunk.choices[0].delta
+            for t in d.tool_calls or []:
+                entry = calls.setdefault(t.index, {"name": "", "arguments": ""})
+                entry["name"] += t.function.name or ""
+                entry["arguments"] += t.function.arguments or ""
+                events.append(("call", t.index))
+            if d.content:
+                content += d.content
+                events.append(("content", None))
+            finish = chunk.choices[0].finish_reason or finish
+    want = {i: {"name": t.function.name, "arguments": t.function.arguments} for i, t in enumerate(whole.choices[0].message.tool_calls)}
+    assert calls == want and [v["name"] for v in calls.values()] == ["set_alarm", "send_sms"]
+    assert content == whole.choices[0].message.content == "Done, both sent." and finish == "tool_calls"
+    assert events.index(("call", 1)) < events.index(("content", None))  # the calls went out before the text after them

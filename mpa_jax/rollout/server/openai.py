@@ -12,7 +12,7 @@ import dataclasses
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 from mpa_jax.rollout.types import GenerateResult
 
@@ -144,11 +144,12 @@ class ChoiceStream:
     Text that could still become part of a stop string is held back, and a chat choice streams its
     content only up to the first `<` (a `<think>` or `<tool_call>` tag may start there; what follows
     is sent when the choice ends, parsed as the non-streamed answer is) with whitespace at either end
-    held (chat content is stripped). `finish` sends the rest so that the concatenated deltas equal the
-    non-streamed text. Log-probs go out with the tokens whose text is sent.
+    held (chat content is stripped). With `tools`, each tool call is sent as soon as its `</tool_call>`
+    is decoded (when everything up to it parses cleanly). `rest` sends what is left so that the
+    concatenated deltas equal the non-streamed answer. Log-probs go out with the tokens whose text is sent.
     """
 
-    def __init__(self, tokenizer: Any, stops: list[str], chat: bool, top_n: int | None) -> None:
+    def __init__(self, tokenizer: Any, stops: list[str], chat: bool, top_n: int | None, tools: Any = None) -> None:
         self.tokenizer = tokenizer
         self.stops = [s for s in stops if s]
         self.chat = chat
@@ -161,15 +162,18 @@ class ChoiceStream:
         self.sent = ""
         self.lp_sent = 0
         self.hit_stop = False  # a stop string is in the text: the producer may stop this choice
+        self.tools = tools
+        self.calls_sent: list[dict[str, Any]] = []  # tool calls already streamed
+        self._closes = 0
 
     def _output(self) -> Output:
         pieces = [self.text[a:b] for a, b in zip([0] + self.ends[:-1], self.ends)]
         return Output(self.text, self.ids, pieces, self.lps, self.tops if self.tops else None, "length", len(self.ids))
 
-    def feed(self, ids: list[int], lps: list[float], tops: Any) -> tuple[str, Any]:
-        """Take new tokens; returns (content delta, log-probs object or None) to send now."""
+    def feed(self, ids: list[int], lps: list[float], tops: Any) -> tuple[str, Any, list[dict[str, Any]]]:
+        """Take new tokens; returns (content delta, log-probs object or None, new tool calls) to send now."""
         if self.hit_stop:
-            return "", None
+            return "", None, []
         for k, t in enumerate(ids):
             self.ids.append(int(t))
             self.lps.append(float(lps[k]))
@@ -183,7 +187,7 @@ class ChoiceStream:
         cut = min((i for i in (raw.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
             self.hit_stop = True
-            return "", None
+            return "", None, []
         hold = max((k for s in self.stops for k in range(1, len(s)) if raw.endswith(s[:k])), default=0)
         visible = raw[: len(raw) - hold]
         candidate = visible
@@ -202,7 +206,30 @@ class ChoiceStream:
             if settled > self.lp_sent:
                 lp = self._logprobs(self._output(), self.lp_sent, settled)
                 self.lp_sent = settled
-        return delta, lp
+        return delta, lp, self._new_calls(visible)
+
+    def _new_calls(self, visible: str) -> list[dict[str, Any]]:
+        """Tool calls completed in `visible` since the last update (none unless everything parses)."""
+        from mpa_jax import tokenizer as tk
+        from mpa_jax.tokenizer.toolcall import CALL_CLOSE
+
+        closes = visible.count(CALL_CLOSE) if self.chat and self.tools else 0
+        if closes <= self._closes:
+            return []
+        self._closes = closes
+        parsed = tk.parse_tool_calls(visible[: visible.rfind(CALL_CLOSE) + len(CALL_CLOSE)])
+        if parsed.errors or len(parsed.calls) <= len(self.calls_sent):
+            return []
+        new = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+               for c in parsed.calls[len(self.calls_sent):]]
+        self.calls_sent.extend(new)
+        return new
+
+    def rest_calls(self, final: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The final answer's tool calls not streamed yet (the streamed ones are its first ones, unless a
+        later part of the text failed to parse: then the answer has none and nothing more is sent)."""
+        return final[len(self.calls_sent):]
 
     def _logprobs(self, out: Output, lo: int, hi: int) -> Any:
         if self.chat:
@@ -226,7 +253,7 @@ async def chat_events(tokenizer: Any, stream: Any, stops: list[str], tools: Any,
     content deltas, then at each choice's end its reasoning, tool-call deltas and finish reason;
     usage when asked; `[DONE]`. Stops the producer's rows early on a stop string or a closed client."""
     created = int(time.time())
-    choices = [ChoiceStream(tokenizer, stops, True, top_n) for _ in range(stream.n_rows)]
+    choices = [ChoiceStream(tokenizer, stops, True, top_n, tools) for _ in range(stream.n_rows)]
     total = 0
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
@@ -234,30 +261,39 @@ async def chat_events(tokenizer: Any, stream: Any, stops: list[str], tools: Any,
                     "system_fingerprint": fingerprint,
                     "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
 
+    def call_chunks(index: int, first: int, calls: list[dict[str, Any]]) -> Iterator[str]:
+        for j, call in enumerate(calls, start=first):
+            yield chunk(index, {"tool_calls": [{"index": j, "id": call["id"], "type": "function",
+                                                "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            yield chunk(index, {"tool_calls": [{"index": j, "function": {"arguments": call["function"]["arguments"]}}]})
+
     try:
         for i in range(stream.n_rows):
             yield chunk(i, {"role": "assistant", "content": ""})
         async for i, upd in stream:
             ch = choices[i]
             if upd.result is None:
-                delta, lp = ch.feed(upd.token_ids, upd.logprobs, upd.top_logprobs)
+                before = len(ch.calls_sent)
+                delta, lp, calls = ch.feed(upd.token_ids, upd.logprobs, upd.top_logprobs)
                 if ch.hit_stop:
                     stream.cancel(i)
                 if delta or lp is not None:
                     yield chunk(i, {"content": delta}, logprobs=lp)
+                for event in call_chunks(i, before, calls):
+                    yield event
                 continue
             out = shape_output(tokenizer, upd.result, stops)
             total += out.completion_tokens
             msg, finish = chat_message(tokenizer, out, tools)
+            if ch.calls_sent and finish != "tool_calls":
+                finish = "tool_calls"  # calls already sent stand (a later part of the text did not parse)
             delta, lp = ch.rest(out, msg.get("content") or "")
             if delta or lp is not None:
                 yield chunk(i, {"content": delta}, logprobs=lp)
             if msg.get("reasoning_content"):
                 yield chunk(i, {"reasoning_content": msg["reasoning_content"]})
-            for j, call in enumerate(msg.get("tool_calls") or []):
-                yield chunk(i, {"tool_calls": [{"index": j, "id": call["id"], "type": "function",
-                                                "function": {"name": call["function"]["name"], "arguments": ""}}]})
-                yield chunk(i, {"tool_calls": [{"index": j, "function": {"arguments": call["function"]["arguments"]}}]})
+            for event in call_chunks(i, len(ch.calls_sent), ch.rest_calls(msg.get("tool_calls") or [])):
+                yield event
             yield chunk(i, {}, finish)
     finally:
         stream.cancel_all()  # a client that went away frees its slots
@@ -283,7 +319,7 @@ async def completion_events(tokenizer: Any, stream: Any, stops: list[str], *, ri
         async for i, upd in stream:
             ch = choices[i]
             if upd.result is None:
-                delta, lp = ch.feed(upd.token_ids, upd.logprobs, upd.top_logprobs)
+                delta, lp, _ = ch.feed(upd.token_ids, upd.logprobs, upd.top_logprobs)
                 if ch.hit_stop:
                     stream.cancel(i)
                 if delta or lp is not None:
