@@ -11,7 +11,14 @@ concurrency C (default 1, 8, 64) it prints, side by side:
   seeds (what the server could do at best with C requests per call): requests/s, tokens/s;
 - ratio: server tokens/s over raw tokens/s (target at load: >= 0.8).
 
-Usage: `python bench/serve.py [--concurrency 1 8 64] [--requests 4] [--new 32] [--replicas 0]`.
+`--batcher call slots` (default: both, in one run, against the same raw figures) picks the server's
+batching: `call` admits waiting requests into the next whole engine call (`server.batcher`), `slots`
+admits them between decode chunks of the slot loop (`rollout.slots`). `--hidden/--layers/...` change
+the model's shape (e.g. `--hidden 256 --intermediate 768 --layers 4 --heads 8 --kv-heads 4`, the
+starter's) so that decode, not HTTP, dominates a request.
+
+Usage: `python bench/serve.py [--concurrency 1 8 64] [--requests 4] [--new 32] [--replicas 0]
+[--batcher call slots] [--chunk 8] [--slot-len 128] [--hidden H --intermediate I --layers L ...]`.
 """
 from __future__ import annotations
 
@@ -34,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new", type=int, default=32, help="max_tokens per request")
     ap.add_argument("--vocab", type=int, default=2048, help="tokenizer size (the model's embedding is larger)")
     ap.add_argument("--replicas", type=int, default=0, help="engine weight replicas (0: one per core)")
+    ap.add_argument("--batcher", nargs="+", choices=["call", "slots"], default=["call", "slots"])
+    ap.add_argument("--chunk", type=int, default=8, help="slot loop: decode steps per chunk")
+    ap.add_argument("--slot-len", type=int, default=128, help="slot loop: tokens per slot (attention reads all of them every step)")
+    for name in ("hidden", "intermediate", "layers", "heads", "kv-heads", "head-dim"):
+        ap.add_argument(f"--{name}", type=int, default=None, help="model shape override")
     args = ap.parse_args(argv)
 
     import jax
@@ -49,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
 
     config = load_config_file(args.config)
     config.rollout.replicas = args.replicas
+    shape = {"hidden": "hidden_size", "intermediate": "intermediate_size", "layers": "num_hidden_layers",
+             "heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "head_dim": "head_dim"}
+    for arg, key in shape.items():
+        if getattr(args, arg) is not None:
+            config.model[key] = getattr(args, arg)
     tok = tk.build_tokenizer(tk.synthetic_corpus(2000), args.vocab, None)
     cfg = models.config_from_ml(config.model)
     if tok.vocab_size > cfg.vocab_size:
@@ -61,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                 for i in range(top * args.requests)]
     prompts = [tk.generation_prompt_ids(tok, m) for m in messages]
     sp = SamplingParams(max_new_tokens=args.new, temperature=0.7, stop_token_ids=(im_end,))
-    print(f"model {cfg.family} vocab {cfg.vocab_size} (tokenizer {tok.vocab_size}), replicas {engine.replicas}, "
+    print(f"model {cfg.family} {cfg.num_hidden_layers} x {cfg.hidden_size} (mlp {cfg.intermediate_size}, heads "
+          f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} x {cfg.head_dim}), {models.param_count(cfg) / 1e6:.1f}M params, "
+          f"vocab {cfg.vocab_size} (tokenizer {tok.vocab_size}), replicas {engine.replicas}, "
           f"prompt ~{int(np.mean([len(p) for p in prompts]))} tokens, max_tokens {args.new}, temperature 0.7", flush=True)
 
     # Compile every batch bucket first: under load the server's calls take whatever rows are waiting.
@@ -81,42 +100,51 @@ def main(argv: list[str] | None = None) -> int:
         dt = time.perf_counter() - t0
         raw[c] = (len(batches) * c / dt, toks / dt)
 
-    app = create_app(engine, tok, max_batch=top, batch_wait_s=0.005, default_max_new_tokens=args.new)
     rows = []
-    with ServerThread(app) as server:
+    for kind in args.batcher:
+        app = create_app(engine, tok, max_batch=top, batch_wait_s=0.005, default_max_new_tokens=args.new, batcher=kind,
+                         slot_len=args.slot_len, slot_chunk=args.chunk)
+        with ServerThread(app) as server:
 
-        async def load(c: int) -> tuple[float, list[float], int]:
-            client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
-            lat: list[float] = []
-            toks = 0
+            async def load(c: int) -> tuple[float, list[float], int]:
+                client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+                lat: list[float] = []
+                toks = 0
 
-            async def worker(w: int) -> None:
-                nonlocal toks
-                for k in range(args.requests):
-                    i = w * args.requests + k
-                    t = time.perf_counter()
-                    r = await client.chat.completions.create(model="mpa", messages=messages[i], max_tokens=args.new,
-                                                             temperature=0.7, seed=i)
-                    lat.append(time.perf_counter() - t)
-                    toks += r.usage.completion_tokens
+                async def worker(w: int) -> None:
+                    nonlocal toks
+                    for k in range(args.requests):
+                        i = w * args.requests + k
+                        t = time.perf_counter()
+                        r = await client.chat.completions.create(model="mpa", messages=messages[i], max_tokens=args.new,
+                                                                 temperature=0.7, seed=i)
+                        lat.append(time.perf_counter() - t)
+                        toks += r.usage.completion_tokens
 
-            try:
-                t0 = time.perf_counter()
-                await asyncio.gather(*(worker(w) for w in range(c)))
-                return time.perf_counter() - t0, lat, toks
-            finally:
-                await client.close()
+                try:
+                    t0 = time.perf_counter()
+                    await asyncio.gather(*(worker(w) for w in range(c)))
+                    return time.perf_counter() - t0, lat, toks
+                finally:
+                    await client.close()
 
-        for c in args.concurrency:
-            asyncio.run(load(c))  # warm: compiles the shapes this load produces
-            wall, lat, toks = asyncio.run(load(c))
-            n = len(lat)
-            rows.append((c, n / wall, toks / wall, float(np.percentile(lat, 50)), float(np.percentile(lat, 99))))
+            batcher = app.state.get_batcher()
+            if batcher.kind != kind:
+                raise SystemExit(f"asked for the {kind} batcher, the server runs {batcher.kind}")
+            if kind == "slots":  # compile every prefill/chunk width up front, as the raw side did
+                for n in sorted({len(p) for p in prompts}, key=lambda n: -n)[:1] + [min(len(p) for p in prompts)]:
+                    batcher.decoder.warmup(n)
+            for c in args.concurrency:
+                asyncio.run(load(c))  # warm: compiles the shapes this load produces
+                wall, lat, toks = asyncio.run(load(c))
+                n = len(lat)
+                rows.append((kind, c, n / wall, toks / wall, float(np.percentile(lat, 50)), float(np.percentile(lat, 99))))
 
-    print(f"{'clients':>7} {'server req/s':>12} {'server tok/s':>12} {'p50 s':>7} {'p99 s':>7} {'raw req/s':>10} {'raw tok/s':>10} {'ratio':>6}")
-    for c, rps, tps, p50, p99 in rows:
+    print(f"{'batcher':>7} {'clients':>7} {'server req/s':>12} {'server tok/s':>12} {'p50 s':>7} {'p99 s':>7} {'raw req/s':>10} "
+          f"{'raw tok/s':>10} {'ratio':>6}")
+    for kind, c, rps, tps, p50, p99 in rows:
         r_rps, r_tps = raw[c]
-        print(f"{c:>7} {rps:>12.2f} {tps:>12.1f} {p50:>7.3f} {p99:>7.3f} {r_rps:>10.2f} {r_tps:>10.1f} {tps / r_tps:>6.2f}")
+        print(f"{kind:>7} {c:>7} {rps:>12.2f} {tps:>12.1f} {p50:>7.3f} {p99:>7.3f} {r_rps:>10.2f} {r_tps:>10.1f} {tps / r_tps:>6.2f}")
     return 0
 
 

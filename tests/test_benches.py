@@ -31,3 +31,14 @@ def test_models_accel_bench_dry_run():
     lines = re.findall(r"parity (\w+) .* ours bf16 ([\d.e+-]+), transformers bf16 \(cpu\) ([\d.e+-]+), .* (ok|FAIL)", out)
     assert len(lines) == 3 and all(status == "ok" for *_, status in lines), out
     assert re.search(r"fwd\+bwd cpu attention=xla batch 2 x 128: [\d.]+ ms/step", out), out
+
+
+def test_serve_bench_small():
+    """bench/serve.py at a toy size: both batchers (per engine call, per decode chunk) serve every client
+    through the official openai client and it prints one row per batcher and concurrency."""
+    out = _bench("bench/serve.py", "--concurrency", "1", "2", "--requests", "1", "--new", "4", "--hidden", "64",
+                 "--layers", "1", "--intermediate", "128", "--slot-len", "64")
+    rows = re.findall(r"^\s*(call|slots)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
+                      out, re.M)
+    assert [(k, c) for k, c, *_ in rows] == [("call", "1"), ("call", "2"), ("slots", "1"), ("slots", "2")], out
+    assert all(float(x) > 0 for *_, rps, tps, _p50, _p99, rr, rt, ratio in rows for x in (rps, tps, rr, rt, ratio)), out

@@ -50,6 +50,8 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     if str(config.rollout.engine) != "jax":
         raise UserError("mpa serve runs the embedded engine: set --config.rollout.engine=jax")
+    if str(config.serve.get("batcher", "auto")) not in ("auto", "slots", "call"):
+        raise UserError(f"config.serve.batcher must be auto, slots or call, got {config.serve.batcher!r}")
     try:
         tokenizer = load_rollout_tokenizer(config, args.checkpoint, args.workdir)
         # The engine never samples an id the tokenizer cannot decode (padded embedding rows).
@@ -63,6 +65,9 @@ def run(args: argparse.Namespace, config: Any) -> int:
         served_model_name=str(config.get("name", "mpa")),
         max_batch=int(config.serve.max_batch),
         default_max_new_tokens=int(config.serve.max_new_tokens),
+        batcher=str(config.serve.get("batcher", "auto")),
+        slot_len=int(config.serve.get("slot_len", 1024)),
+        slot_chunk=int(config.serve.get("slot_chunk", 8)),
     )
     serve_forever(app, host, port, on_start=lambda url: print(f"mpa serve: {url} (weights {engine.weight_version})", flush=True))
     return 0

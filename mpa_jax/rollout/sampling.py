@@ -115,12 +115,15 @@ def _draw(z: jax.Array, zmax: jax.Array, uniforms: jax.Array) -> tuple[jax.Array
 
 
 def row_uniforms(keys: jax.Array, step: jax.Array) -> jax.Array:
-    """One uniform per row from per-row base keys [B] (typed keys) folded with the decode step.
+    """One uniform per row from per-row base keys [B] (typed keys) folded with the decode step (a
+    scalar, or one per row [B]).
 
     Folding in the step (not threading a split key) makes token t of a row depend only on the row's
     seed and t, so results do not depend on batch composition or padding.
     """
-    return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, step), (), jnp.float32))(keys)
+    # `step` may also be per row [B] (the server's slot loop, where every row is at its own step).
+    steps = jnp.broadcast_to(jnp.asarray(step, jnp.int32), keys.shape)
+    return jax.vmap(lambda k, s: jax.random.uniform(jax.random.fold_in(k, s), (), jnp.float32))(keys, steps)
 
 
 def sample_step(

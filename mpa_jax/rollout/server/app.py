@@ -15,10 +15,16 @@ Endpoints (the SGLang 0.5.x native subset documented in `mpa_jax.rollout.sglang`
                                     `message.tool_calls`; stream, n, logprobs/top_logprobs, stop, seed, usage
     POST /v1/completions            OpenAI (legacy) completions: prompt as text or token ids; the same options
 
+Batching: with the embedded JaxEngine (qwen3 family, no mesh) the server's rows are the slots of a
+decode loop (`server.slot_batcher`, `rollout.slots`): a request joins the running batch at the next
+decode chunk and leaves it when done. Other engines (or `batcher="call"`) use `server.batcher`: waiting
+requests are admitted into the next whole engine call.
+
 Streaming (`stream: true`) answers with server-sent events in OpenAI's chunk format, ending with
-`data: [DONE]`. The engine generates a whole choice in one call (its decode loop is one compiled
-program), so a stream's events are sent once that call returns: one content delta per token, tool-call
-deltas, the finish reason, then usage when `stream_options.include_usage` is set.
+`data: [DONE]`: content deltas as tokens are decoded (with the slot loop; the call batcher delivers a
+choice's tokens when its call returns), then at each choice's end its reasoning, tool-call deltas and
+finish reason, then usage when `stream_options.include_usage` is set. A stop string ends a choice
+early (streamed or not); a client that disconnects frees its rows.
 
 Errors: a bad request is HTTP 400 with `{"error": {"message", "field", "code"}}` naming the field
 (non-finite or out-of-range numbers, options this server does not implement); an engine failure is
@@ -28,6 +34,7 @@ Errors: a bad request is HTTP 400 with `{"error": {"message", "field", "code"}}`
 # (`Request` is imported inside create_app).
 import asyncio
 import contextlib
+import logging
 import os
 import secrets
 import time
@@ -36,6 +43,8 @@ from typing import Any
 
 from mpa_jax.rollout.server import openai as oa
 from mpa_jax.rollout.server.batcher import Batcher
+from mpa_jax.rollout.server.slot_batcher import SlotBatcher
+from mpa_jax.rollout.slots import slot_support
 from mpa_jax.rollout.server.protocol import (
     DEFAULT_MAX_NEW_TOKENS,
     OpenAIRequest,
@@ -78,36 +87,52 @@ def create_app(
     max_batch: int = 8,
     default_max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     batch_wait_s: float = 0.002,
+    batcher: str = "auto",
+    slot_len: int = 1024,
+    slot_chunk: int = 8,
 ) -> Any:
     """The FastAPI app serving `engine` (and `tokenizer` for text, chat and completion endpoints).
 
     `max_batch`: rows per engine call (requests waiting are admitted up to it); `batch_wait_s`: how
-    long an idle server waits after a request arrives for others to merge with it.
+    long an idle server waits after a request arrives for others to merge with it (call batcher).
+    `batcher`: "auto" (the slot loop when the engine supports it, else per-call batching, with the
+    reason logged), "slots" (the same, but the fallback is logged as a warning) or "call".
+    `slot_len`: tokens per slot (prompt bucket + max_tokens; longer requests run as whole engine calls
+    between chunks); `slot_chunk`: decode steps per chunk (admission and streaming granularity).
     """
+    if batcher not in ("auto", "slots", "call"):
+        raise ValueError(f"create_app: batcher must be auto, slots or call, got {batcher!r}")
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
 
-    batcher: Batcher | None = None
+    current: Any = None  # the Batcher or SlotBatcher, created on first use
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Any):
         yield
         # On shutdown, let a running engine call finish first: its worker thread hands the result to
         # this event loop, which must still be open then.
-        if batcher is not None:
-            await batcher.wait_idle()
+        if current is not None:
+            await current.wait_idle()
+            current.close()
 
     app = FastAPI(title="mpa serve", version="0.2.0", lifespan=lifespan)
     state = {"model_path": model_path}
     default_stop = list(getattr(tokenizer, "eos_token_ids", []) or [])
     chat_stop = [tokenizer.token_id("<|im_end|>")] if tokenizer is not None and "<|im_end|>" in _vocab(tokenizer) else default_stop
 
-    def get_batcher() -> Batcher:
-        nonlocal batcher
-        if batcher is None:  # created inside the running loop (asyncio primitives bind to it)
-            batcher = Batcher(engine, max_batch, batch_wait_s)
-        return batcher
+    def get_batcher() -> Any:
+        nonlocal current
+        if current is None:  # created inside the running loop (asyncio primitives bind to it)
+            reason = "batcher='call' was asked for" if batcher == "call" else slot_support(engine)
+            if reason is None:
+                current = SlotBatcher(engine, max_batch, max_len=slot_len, chunk=slot_chunk)
+            else:
+                level = logging.WARNING if batcher == "slots" else logging.INFO
+                logging.getLogger(__name__).log(level, "mpa serve: per-call batching (%s)", reason)
+                current = Batcher(engine, max_batch, batch_wait_s)
+        return current
 
     app.state.get_batcher = get_batcher
 
@@ -157,14 +182,17 @@ def create_app(
         if len(p) + max_new > max_pos:
             raise RequestError(max_field, f"{len(p)} prompt tokens + {max_new} new tokens exceed the context ({max_pos})")
 
-    async def run(prompts: list[list[int]], params: SamplingParams, n: int, seed: int | None, top: int) -> list[GenerateResult]:
-        """n choices per prompt (choice j of prompt i at index i*n + j); seeds seed+k when given."""
+    async def start(prompts: list[list[int]], params: SamplingParams, n: int, seed: int | None, top: int) -> Any:
+        """A RowStream of n choices per prompt (choice j of prompt i at row i*n + j); seeds seed+k when given."""
         if top and not get_batcher().supports_top_logprobs:
             raise RequestError("top_logprobs", f"not supported by this engine ({type(engine).__name__})")
         rows = [p for p in prompts for _ in range(n)]
         seeds = [seed + k if seed is not None else fresh_seed() for k in range(len(rows))]
+        return get_batcher().stream_rows(rows, params, seeds, top)
+
+    async def results_of(stream: Any, stops: list[str]) -> list[GenerateResult]:
         try:
-            return await get_batcher().submit(rows, params, seeds, top)
+            return await oa.collect(tokenizer, stream, stops)
         except ValueError as e:  # the engine's own checks (shapes, limits) name the input
             raise RequestError("prompt", str(e)) from None
 
@@ -191,6 +219,7 @@ def create_app(
             "weight_version": engine.weight_version,
             "max_batch": max_batch,
             "engine": type(engine).__name__,
+            "batcher": get_batcher().kind,
         }
 
     @app.get("/model_info")
@@ -294,16 +323,18 @@ def create_app(
             raise RequestError("messages", f"cannot render the chat: {e}") from None
         max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         check_prompt(prompt, req.params.max_new_tokens, "messages", max_field)
-        results = await run([prompt], req.params, req.n, req.seed, req.logprobs or 0)
-        outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
-        shaped = [oa.chat_message(tokenizer, o, req.tools) for o in outs]
+        stream = await start([prompt], req.params, req.n, req.seed, req.logprobs or 0)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         fingerprint = f"mpa-{engine.weight_version}"
-        use = oa.usage(len(prompt), sum(o.completion_tokens for o in outs))
         if req.stream:
-            events = oa.chat_stream(tokenizer, outs, shaped, rid=rid, model=req.model, fingerprint=fingerprint,
-                                    top_n=req.logprobs, usage_obj=use if req.include_usage else None)
+            events = oa.chat_events(tokenizer, stream, req.stop, req.tools, rid=rid, model=req.model,
+                                    fingerprint=fingerprint, top_n=req.logprobs, prompt_tokens=len(prompt),
+                                    include_usage=req.include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
+        results = await results_of(stream, req.stop)
+        outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
+        shaped = [oa.chat_message(tokenizer, o, req.tools) for o in outs]
+        use = oa.usage(len(prompt), sum(o.completion_tokens for o in outs))
         choices = [
             {"index": i, "message": msg, "finish_reason": finish,
              "logprobs": oa.chat_logprobs(tokenizer, o, req.logprobs) if req.logprobs is not None else None}
@@ -321,15 +352,17 @@ def create_app(
         max_field = "max_tokens"
         for i, p in enumerate(req.prompts):
             check_prompt(p, req.params.max_new_tokens, f"prompt[{i}]" if len(req.prompts) > 1 else "prompt", max_field)
-        results = await run(req.prompts, req.params, req.n, req.seed, req.logprobs or 0)
-        outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
+        stream = await start(req.prompts, req.params, req.n, req.seed, req.logprobs or 0)
         rid = f"cmpl-{uuid.uuid4().hex}"
         fingerprint = f"mpa-{engine.weight_version}"
-        use = oa.usage(sum(len(p) for p in req.prompts), sum(o.completion_tokens for o in outs))
+        n_prompt = sum(len(p) for p in req.prompts)
         if req.stream:
-            events = oa.completion_stream(tokenizer, outs, rid=rid, model=req.model, fingerprint=fingerprint,
-                                          top_n=req.logprobs, usage_obj=use if req.include_usage else None)
+            events = oa.completion_events(tokenizer, stream, req.stop, rid=rid, model=req.model, fingerprint=fingerprint,
+                                          top_n=req.logprobs, prompt_tokens=n_prompt, include_usage=req.include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
+        results = await results_of(stream, req.stop)
+        outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
+        use = oa.usage(n_prompt, sum(o.completion_tokens for o in outs))
         choices = [
             {"index": i, "text": o.text, "finish_reason": o.finish_reason,
              "logprobs": oa.completion_logprobs(tokenizer, o, req.logprobs) if req.logprobs is not None else None}

@@ -7,7 +7,9 @@ in a FIFO queue and is admitted into the *next* call, whatever its sampling sett
 The engine runs in a worker thread, so the event loop keeps accepting requests meanwhile.
 
 Admission is per engine call, not per decode step: a request arriving mid-call starts when that
-call returns (the embedded engine's decode loop is one compiled program).
+call returns (the embedded engine's decode loop is one compiled program), and a stream's tokens come
+when the call returns. The server uses it for engines the slot loop does not support
+(`server.slot_batcher.SlotBatcher` admits per decode chunk) and when `batcher="call"` is asked for.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import asyncio
 import dataclasses
 from typing import Any
 
+from mpa_jax.rollout.server.streams import RowStream
+from mpa_jax.rollout.slots import Update
 from mpa_jax.rollout.types import GenerateResult, RolloutEngine, SamplingParams
 
 
@@ -29,6 +33,8 @@ class _Request:
 
 class Batcher:
     """Merges concurrent generate requests into engine calls; the engine is used by one thread at a time."""
+
+    kind = "call"
 
     def __init__(self, engine: RolloutEngine, max_batch: int, gather_s: float = 0.002) -> None:
         self.engine = engine
@@ -68,6 +74,35 @@ class Batcher:
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         return await fut
+
+    def stream_rows(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams],
+        seeds: list[int],
+        top_logprobs: int = 0,
+    ) -> RowStream:
+        """`submit` as a `RowStream`: once the engine call returns, one update per token, then the result."""
+        stream = RowStream(len(prompts))
+
+        async def feed() -> None:
+            try:
+                results = await self.submit(prompts, params, seeds, top_logprobs)
+            except Exception as e:  # noqa: BLE001 - the consumer raises it
+                stream.push(0, Update([], [], error=e))
+                return
+            for i, r in enumerate(results):
+                tops = r.top_logprobs or []
+                for k, (t, lp) in enumerate(zip(r.token_ids[:-1], r.logprobs[:-1])):
+                    stream.push(i, Update([t], [lp], [tops[k]] if k < len(tops) else None))
+                k = max(len(r.token_ids) - 1, 0)
+                stream.push(i, Update(r.token_ids[k:], r.logprobs[k:], tops[k:] or None, result=r))
+
+        stream.task = asyncio.create_task(feed())  # type: ignore[attr-defined]  # kept alive by the stream
+        return stream
+
+    def close(self) -> None:
+        """Nothing to stop (the worker task ends with the event loop)."""
 
     def _admit(self) -> list[_Request]:
         """The FIFO head of the queue, up to max_batch rows (a larger single request goes alone)."""

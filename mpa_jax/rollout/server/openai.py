@@ -3,6 +3,8 @@ their server-sent-event chunks (`chat.completion.chunk` / `text_completion`, the
 
 Text is built token by token (`token_pieces`) so that stop strings, log-probs and streamed deltas all
 agree on which tokens a choice holds: the concatenated deltas of a stream equal the non-streamed text.
+Streams are incremental: `chat_events` / `completion_events` send deltas as the batcher's `RowStream`
+delivers tokens (`ChoiceStream` decides what is safe to send before a choice ends).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import dataclasses
 import json
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 from mpa_jax.rollout.types import GenerateResult
 
@@ -136,58 +138,218 @@ def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def chat_stream(tokenizer: Any, outs: list[Output], messages: list[tuple[dict[str, Any], str]], *, rid: str, model: str,
-                fingerprint: str, top_n: int | None, usage_obj: dict[str, int] | None) -> Iterator[str]:
-    """The `chat.completion.chunk` events of finished choices, then `[DONE]`."""
+class ChoiceStream:
+    """One choice decoded incrementally: which content (and log-probs) may be sent so far.
+
+    Text that could still become part of a stop string is held back, and a chat choice streams its
+    content only up to the first `<` (a `<think>` or `<tool_call>` tag may start there; what follows
+    is sent when the choice ends, parsed as the non-streamed answer is) with whitespace at either end
+    held (chat content is stripped). With `tools`, each tool call is sent as soon as its `</tool_call>`
+    is decoded (when everything up to it parses cleanly). `rest` sends what is left so that the
+    concatenated deltas equal the non-streamed answer. Log-probs go out with the tokens whose text is sent.
+    """
+
+    def __init__(self, tokenizer: Any, stops: list[str], chat: bool, top_n: int | None, tools: Any = None) -> None:
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.chat = chat
+        self.top_n = top_n
+        self.ids: list[int] = []
+        self.lps: list[float] = []
+        self.tops: list[list[tuple[int, float]]] = []
+        self.ends: list[int] = []  # text length after each token
+        self.text = ""
+        self.sent = ""
+        self.lp_sent = 0
+        self.hit_stop = False  # a stop string is in the text: the producer may stop this choice
+        self.tools = tools
+        self.calls_sent: list[dict[str, Any]] = []  # tool calls already streamed
+        self._closes = 0
+
+    def _output(self) -> Output:
+        pieces = [self.text[a:b] for a, b in zip([0] + self.ends[:-1], self.ends)]
+        return Output(self.text, self.ids, pieces, self.lps, self.tops if self.tops else None, "length", len(self.ids))
+
+    def feed(self, ids: list[int], lps: list[float], tops: Any) -> tuple[str, Any, list[dict[str, Any]]]:
+        """Take new tokens; returns (content delta, log-probs object or None, new tool calls) to send now."""
+        if self.hit_stop:
+            return "", None, []
+        for k, t in enumerate(ids):
+            self.ids.append(int(t))
+            self.lps.append(float(lps[k]))
+            if tops is not None:
+                self.tops.append(list(tops[k]))
+            text = self.tokenizer.decode(self.ids)
+            if not text.endswith("\ufffd") and text.startswith(self.text):  # a partial UTF-8 character waits
+                self.text = text
+            self.ends.append(len(self.text))
+        raw = self.text
+        cut = min((i for i in (raw.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit_stop = True
+            return "", None, []
+        hold = max((k for s in self.stops for k in range(1, len(s)) if raw.endswith(s[:k])), default=0)
+        visible = raw[: len(raw) - hold]
+        candidate = visible
+        if self.chat:
+            lt = candidate.find("<")
+            candidate = (candidate if lt < 0 else candidate[:lt]).strip()
+        delta = ""
+        if candidate.startswith(self.sent) and len(candidate) > len(self.sent):
+            delta = candidate[len(self.sent):]
+            self.sent = candidate
+        lp = None
+        if self.top_n is not None:
+            settled = self.lp_sent
+            while settled < len(self.ids) and self.ends[settled] <= len(visible):
+                settled += 1
+            if settled > self.lp_sent:
+                lp = self._logprobs(self._output(), self.lp_sent, settled)
+                self.lp_sent = settled
+        return delta, lp, self._new_calls(visible)
+
+    def _new_calls(self, visible: str) -> list[dict[str, Any]]:
+        """Tool calls completed in `visible` since the last update (none unless everything parses)."""
+        from mpa_jax import tokenizer as tk
+        from mpa_jax.tokenizer.toolcall import CALL_CLOSE
+
+        closes = visible.count(CALL_CLOSE) if self.chat and self.tools else 0
+        if closes <= self._closes:
+            return []
+        self._closes = closes
+        parsed = tk.parse_tool_calls(visible[: visible.rfind(CALL_CLOSE) + len(CALL_CLOSE)])
+        if parsed.errors or len(parsed.calls) <= len(self.calls_sent):
+            return []
+        new = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+               for c in parsed.calls[len(self.calls_sent):]]
+        self.calls_sent.extend(new)
+        return new
+
+    def rest_calls(self, final: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The final answer's tool calls not streamed yet (the streamed ones are its first ones, unless a
+        later part of the text failed to parse: then the answer has none and nothing more is sent)."""
+        return final[len(self.calls_sent):]
+
+    def _logprobs(self, out: Output, lo: int, hi: int) -> Any:
+        if self.chat:
+            return chat_logprobs(self.tokenizer, out, self.top_n or 0, lo, hi)
+        return completion_logprobs(self.tokenizer, out, self.top_n or 0, lo, hi)
+
+    def rest(self, out: Output, content: str) -> tuple[str, Any]:
+        """The final (content delta, log-probs) once the choice is done: `content` is the whole answer."""
+        delta = content[len(self.sent):] if content.startswith(self.sent) else ""
+        self.sent = content
+        lp = None
+        if self.top_n is not None and self.lp_sent < len(out.ids):
+            lp = self._logprobs(out, self.lp_sent, len(out.ids))
+            self.lp_sent = len(out.ids)
+        return delta, lp
+
+
+async def chat_events(tokenizer: Any, stream: Any, stops: list[str], tools: Any, *, rid: str, model: str,
+                      fingerprint: str, top_n: int | None, prompt_tokens: int, include_usage: bool) -> AsyncIterator[str]:
+    """The `chat.completion.chunk` events of a `RowStream` (one row per choice) as tokens are decoded:
+    content deltas, then at each choice's end its reasoning, tool-call deltas and finish reason;
+    usage when asked; `[DONE]`. Stops the producer's rows early on a stop string or a closed client."""
     created = int(time.time())
+    choices = [ChoiceStream(tokenizer, stops, True, top_n, tools) for _ in range(stream.n_rows)]
+    total = 0
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
         return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "system_fingerprint": fingerprint,
                     "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
 
-    for i, (out, (msg, finish)) in enumerate(zip(outs, messages)):
-        yield chunk(i, {"role": "assistant", "content": ""})
-        if msg.get("reasoning_content"):
-            yield chunk(i, {"reasoning_content": msg["reasoning_content"]})
-        content = msg.get("content") or ""
-        if content == out.text:  # plain text: one delta per token, each with its log-probs
-            for k, piece in enumerate(out.pieces):
-                lp = chat_logprobs(tokenizer, out, top_n, k, k + 1) if top_n is not None else None
-                if piece or lp is not None:
-                    yield chunk(i, {"content": piece}, logprobs=lp)
-        else:
-            lp = chat_logprobs(tokenizer, out, top_n) if top_n is not None else None
-            if content or lp is not None:
-                yield chunk(i, {"content": content}, logprobs=lp)
-        for j, call in enumerate(msg.get("tool_calls") or []):
-            yield chunk(i, {"tool_calls": [{"index": j, "id": call["id"], "type": "function",
-                                            "function": {"name": call["function"]["name"], "arguments": ""}}]})
-            yield chunk(i, {"tool_calls": [{"index": j, "function": {"arguments": call["function"]["arguments"]}}]})
-        yield chunk(i, {}, finish)
-    if usage_obj is not None:
+    def call_chunks(index: int, first: int, calls: list[dict[str, Any]]) -> Iterator[str]:
+        for j, call in enumerate(calls, start=first):
+            yield chunk(index, {"tool_calls": [{"index": j, "id": call["id"], "type": "function",
+                                                "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            yield chunk(index, {"tool_calls": [{"index": j, "function": {"arguments": call["function"]["arguments"]}}]})
+
+    try:
+        for i in range(stream.n_rows):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        async for i, upd in stream:
+            ch = choices[i]
+            if upd.result is None:
+                before = len(ch.calls_sent)
+                delta, lp, calls = ch.feed(upd.token_ids, upd.logprobs, upd.top_logprobs)
+                if ch.hit_stop:
+                    stream.cancel(i)
+                if delta or lp is not None:
+                    yield chunk(i, {"content": delta}, logprobs=lp)
+                for event in call_chunks(i, before, calls):
+                    yield event
+                continue
+            out = shape_output(tokenizer, upd.result, stops)
+            total += out.completion_tokens
+            msg, finish = chat_message(tokenizer, out, tools)
+            if ch.calls_sent and finish != "tool_calls":
+                finish = "tool_calls"  # calls already sent stand (a later part of the text did not parse)
+            delta, lp = ch.rest(out, msg.get("content") or "")
+            if delta or lp is not None:
+                yield chunk(i, {"content": delta}, logprobs=lp)
+            if msg.get("reasoning_content"):
+                yield chunk(i, {"reasoning_content": msg["reasoning_content"]})
+            for event in call_chunks(i, len(ch.calls_sent), ch.rest_calls(msg.get("tool_calls") or [])):
+                yield event
+            yield chunk(i, {}, finish)
+    finally:
+        stream.cancel_all()  # a client that went away frees its slots
+    if include_usage:
         yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "system_fingerprint": fingerprint, "choices": [], "usage": usage_obj})
+                   "system_fingerprint": fingerprint, "choices": [], "usage": usage(prompt_tokens, total)})
     yield "data: [DONE]\n\n"
 
 
-def completion_stream(tokenizer: Any, outs: list[Output], *, rid: str, model: str, fingerprint: str,
-                      top_n: int | None, usage_obj: dict[str, int] | None) -> Iterator[str]:
-    """The `text_completion` events of finished choices, one per token, then `[DONE]`."""
+async def completion_events(tokenizer: Any, stream: Any, stops: list[str], *, rid: str, model: str, fingerprint: str,
+                            top_n: int | None, prompt_tokens: int, include_usage: bool) -> AsyncIterator[str]:
+    """The `text_completion` events of a `RowStream` as tokens are decoded, then `[DONE]`."""
     created = int(time.time())
+    choices = [ChoiceStream(tokenizer, stops, False, top_n) for _ in range(stream.n_rows)]
+    total = 0
 
     def chunk(index: int, text: str, finish: str | None, logprobs: Any) -> str:
         return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
                     "system_fingerprint": fingerprint,
                     "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]})
 
-    for i, out in enumerate(outs):
-        for k, piece in enumerate(out.pieces):
-            lp = completion_logprobs(tokenizer, out, top_n, k, k + 1) if top_n is not None else None
-            if piece or lp is not None:
-                yield chunk(i, piece, None, lp)
-        yield chunk(i, "", out.finish_reason, None)
-    if usage_obj is not None:
+    try:
+        async for i, upd in stream:
+            ch = choices[i]
+            if upd.result is None:
+                delta, lp, _ = ch.feed(upd.token_ids, upd.logprobs, upd.top_logprobs)
+                if ch.hit_stop:
+                    stream.cancel(i)
+                if delta or lp is not None:
+                    yield chunk(i, delta, None, lp)
+                continue
+            out = shape_output(tokenizer, upd.result, stops)
+            total += out.completion_tokens
+            delta, lp = ch.rest(out, out.text)
+            if delta or lp is not None:
+                yield chunk(i, delta, None, lp)
+            yield chunk(i, "", out.finish_reason, None)
+    finally:
+        stream.cancel_all()
+    if include_usage:
         yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                   "system_fingerprint": fingerprint, "choices": [], "usage": usage_obj})
+                   "system_fingerprint": fingerprint, "choices": [], "usage": usage(prompt_tokens, total)})
     yield "data: [DONE]\n\n"
+
+
+async def collect(tokenizer: Any, stream: Any, stops: list[str]) -> list[GenerateResult]:
+    """The final results of a `RowStream`; with stop strings, a row stops as soon as one is decoded."""
+    if not stops:
+        return await stream.collect()
+    watch = [ChoiceStream(tokenizer, stops, False, None) for _ in range(stream.n_rows)]
+    try:
+        async for i, upd in stream:
+            if upd.result is None and not watch[i].hit_stop:
+                watch[i].feed(upd.token_ids, upd.logprobs, None)
+                if watch[i].hit_stop:
+                    stream.cancel(i)
+    finally:
+        stream.cancel_all()
+    return list(stream.results)
