@@ -149,11 +149,13 @@ def parse_scan_compile(out: str) -> list[Row]:
 
 def parse_serve(out: str) -> list[Row]:
     rows = []
-    line = r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$"
+    # one row per (batcher, clients); older outputs had no batcher column
+    line = r"^\s*(call|slots)?\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$"
     if "server tok/s" not in out:
         return rows
-    for c, _rps, tps, p50, _p99, _rrps, rtps, _ratio in re.findall(line, out.split("server tok/s", 1)[1], re.M):
-        rows.append((f"serve tok/s, {c} clients (p50 {float(p50):.2f} s)", "tok/s", float(tps), "raw engine generate_rows", float(rtps), "higher"))
+    for kind, c, _rps, tps, p50, _p99, _rrps, rtps, _ratio in re.findall(line, out.split("server tok/s", 1)[1], re.M):
+        batcher = f"{kind} batcher, " if kind else ""
+        rows.append((f"serve tok/s, {batcher}{c} clients (p50 {float(p50):.2f} s)", "tok/s", float(tps), "raw engine generate_rows", float(rtps), "higher"))
     return rows
 
 
