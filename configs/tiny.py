@@ -165,8 +165,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.temperature = 1.0  # sampling temperature; learner log-probs use the same (SamplingParams.for_ratios)
     c.rl.ppo_epochs = 1
     c.rl.minibatches = 1  # optimizer updates per epoch (rollouts split into this many minibatches)
-    c.rl.micro_batches = 1  # gradient accumulation inside one update (exact)
-    c.rl.seq_len = 4096  # packed row length (>= rollout.max_total_tokens so no episode is cut)
+    c.rl.seq_len = 4096  # longest packed row (>= rollout.max_total_tokens so no episode is cut); rows are sized to
+    # the step's longest episode (power of two, <= seq_len): compact episodes get 1,024-token rows
+    c.rl.tokens_per_micro_batch = 8192  # per data-parallel device and micro-batch (>= seq_len): bounds the update's
+    # memory whatever tasks_per_step x group_size; micro-batches (exact gradient accumulation) follow from it
     c.rl.lr = 1e-5
     c.rl.warmup_steps = 0
     c.rl.lr_end_ratio = 1.0  # constant learning rate by default
