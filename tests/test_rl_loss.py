@@ -156,7 +156,7 @@ def test_train_step_reports_the_loss_extras_and_sft_metrics_stay_fixed(model):
     for micro in (1, 2):
         _, m = jax.eval_shape(lambda s, b: steplib.train_step(s, b, loss_fn=rl_loss, optimizer=opt, schedule=sched, micro_batches=micro),
                               state, rl_batch)
-        assert set(m) == fixed | {"clip_frac", "kl", "entropy", "ratio", "logprob_gap", "ratio_max", "ratio_min"}
+        assert set(m) == fixed | {"clip_frac", "kl", "entropy", "ratio", "logprob_gap", "ratio_max", "ratio_min", "router_aux"}
     sft_batch = {k: jnp.asarray(np.stack([sft_data.pack_row([], 64)[k]] * 4)) for k in sft_data.FIELDS}
     _, m2 = jax.eval_shape(lambda s, b: steplib.train_step(s, b, loss_fn=make_sft_loss(cfg, 128), optimizer=opt, schedule=sched),
                            state, sft_batch)
@@ -210,3 +210,43 @@ def test_row_length_and_budget_errors():
         rlupdate.check_budget(4096, 2048)
     assert rlupdate.rows_per_device(1024, 8192, 3) == 4 and rlupdate.rows_per_device(1024, 8192, 40) == 8
     assert rlupdate.rows_per_device(4096, 8192, 40) == 2
+
+
+def test_moe_router_aux_loss_is_part_of_the_rl_loss():
+    """A tiny Qwen3.5-MoE (random init): with router_aux_loss_coef > 0 the RL loss (sum / count) is the
+    coef-0 loss plus exactly coef x the router's load-balancing loss over the real tokens, it is
+    reported as `router_aux`, and its gradient reaches the router."""
+    from mpa_jax.models import qwen3_5_moe
+
+    cfg = models.ModelConfig.from_hf(dict(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+        full_attention_interval=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, tie_word_embeddings=True, model_type="qwen3_5_moe_text",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}))
+    params = qwen3_5_moe.init_params(cfg, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    seqs = []
+    for n in (20, 13, 27):
+        mask = (np.arange(n) >= n // 2).astype(np.float32)
+        seqs.append(rlbatch.RLSequence(rng.integers(0, 128, n).astype(np.int32), mask,
+                                       (rng.normal(-4.5, 0.3, n) * mask).astype(np.float32), float(rng.normal())))
+    b = {k: jnp.asarray(v) for k, v in rlbatch.pack(seqs, 64, pow2_rows=False).items()}
+    coef = 0.25
+
+    def loss(c):
+        return make_rl_loss(cfg.replace(router_aux_loss_coef=c), temperature=TEMP, clip_low=0.2, clip_high=0.28, chunk=64)
+
+    s1, n1, e1 = loss(coef)(params, b)
+    s0, n0, e0 = loss(0.0)(params, b)
+    real = (b["segment_ids"] > 0).astype(jnp.int32)
+    _, router = qwen3_5_moe.forward_with_aux(cfg, params, b["input_ids"], b["positions"], b["segment_ids"], real)
+    lb = float(qwen3_5_moe.load_balancing_loss(cfg.replace(router_aux_loss_coef=1.0), router, real))  # the loss x 1
+    assert lb > 0.5 and float(n1) == float(n0) == float(b["loss_weights"].sum())
+    np.testing.assert_allclose(float(s1 / n1) - float(s0 / n0), coef * lb, rtol=1e-4)
+    np.testing.assert_allclose(float(e1["router_aux"] / n1), coef * lb, rtol=1e-5)
+    assert float(e0["router_aux"]) == 0.0
+    g1 = jax.grad(lambda p: loss(coef)(p, b)[0])(params)
+    g0 = jax.grad(lambda p: loss(0.0)(p, b)[0])(params)
+    gate = lambda t: np.asarray(t["model"]["layers"]["0"]["mlp"]["gate"]["weight"])  # noqa: E731
+    assert np.abs(gate(g1) - gate(g0)).max() > 1e-4
