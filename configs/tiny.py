@@ -177,7 +177,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.b1 = 0.9
     c.rl.b2 = 0.999
     c.rl.infra_retries = 2  # re-run an infra-failed episode this many times, then drop it (never rewarded)
-    c.rl.async_rollouts = False  # not implemented yet: must stay False
+    c.rl.async_rollouts = False  # True: step k+1 samples while step k trains (one weight version stale)
     c.rl.max_staleness = 1
     c.rl.checkpoint_every = 5  # RL steps
     c.rl.log_every = 1

@@ -117,7 +117,7 @@ class BudgetedUpdate:
         self._accumulate = None
         self._zeros = None
         self._apply = jax.jit(apply, in_shardings=(state_shardings, None), out_shardings=(state_shardings, replicated),
-                              donate_argnums=(0, 1))
+                              donate_argnums=(0,))  # the accumulator has no output to alias
 
     def _init_acc(self, params: Any, mb: Mapping[str, jax.Array]):
         if self._accumulate is None:  # the extras are scalars: one accumulator layout for every micro-batch shape
