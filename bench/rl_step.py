@@ -13,6 +13,16 @@ Ours: the embedded `JaxEngine` (weight replicas over the CPU devices, as `mpa rl
 (trl 1.16, torch CPU, HF `generate`), loss_type "dapo" (token-level like ours), beta 0 (no KL, like
 ours), one generation per step. Each side runs one warm-up iteration (compilation for ours), then
 `--iters` timed ones; the ratio is TRL seconds / ours.
+
+On a lent GPU (issue 13's device check): one RL iteration of a Qwen3-1.7B-shaped model (random
+weights, configs/qwen3_1_7b.py's recipe: bf16 compute, scanned layers, remat "dots") with the
+embedded engine, and where the time goes (generation, host packing, device update, weight sync,
+first-iteration compile), no TRL:
+
+    python bench/rl_step.py --shape qwen3_1_7b --device gpu --prompt-len 1024 --completion-len 256 --iters 2
+
+`--dry-run` runs the same path at a tiny width and depth (the recipe's flags kept) on any backend:
+tests/test_benches.py runs it on CPU.
 """
 from __future__ import annotations
 
@@ -37,13 +47,14 @@ def _reward(token_ids) -> float:
 
 
 def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int, iters: int) -> dict[str, float]:
+    """Mean times of `iters` RL iterations after one warm-up (whose wall time is reported as `first_s`)."""
     import jax
     import ml_collections
 
     from mpa_jax import models, sharding
     from mpa_jax.rl import batch as rlbatch
     from mpa_jax.rl import care
-    from mpa_jax.rl.trainer import _compiled_step, _opt_key, copy_params, make_rl_optimizer, sync_weights
+    from mpa_jax.rl.trainer import _compiled_step, _opt_key, budgeted_micro_batches, copy_params, make_rl_optimizer, sync_weights
     from mpa_jax.rollout.jax_engine import JaxEngine
     from mpa_jax.rollout.run import engine_replicas
     from mpa_jax.rollout.types import SamplingParams
@@ -59,9 +70,12 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
     ssh = statelib.state_shardings(mesh, pshape, sharding.param_shardings(cfg, mesh, rules), opt)
     state = statelib.create_sharded_state(lambda r: fam.init_params(cfg, r), opt, 0, ssh)
     step = _compiled_step(cfg, (1.0, float(rl.clip_low), float(rl.clip_high), 0.0, int(config.model.logprob_chunk), None),
-                          _opt_key(rl, 100), 1, mesh, rules)
+                          _opt_key(rl, 100), mesh, rules)
     n = len(prompts) * group
-    engine = JaxEngine(cfg, copy_params(state.params), max_batch=n, replicas=engine_replicas(config))
+    if bool(config.rollout.get("sharded", False)) and jax.default_backend() != "cpu":
+        engine = JaxEngine(cfg, copy_params(state.params), max_batch=n, mesh=mesh, rules=rules)  # on the learner mesh
+    else:
+        engine = JaxEngine(cfg, copy_params(state.params), max_batch=n, replicas=engine_replicas(config))
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
     seq_len = len(prompts[0]) + completion_len
@@ -82,21 +96,47 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
             mask = np.r_[np.zeros(len(p)), np.ones(len(o.token_ids))].astype(np.float32)
             lp = np.r_[np.zeros(len(p)), np.asarray(o.logprobs)].astype(np.float32)
             seqs.append(rlbatch.RLSequence(toks, mask, lp, float(a)))
-        packed = rlbatch.pack(seqs, seq_len, min_rows=dp, row_multiple=dp)
-        batch = {k: jax.device_put(v, row_shard) for k, v in packed.items()}
+        micro, row_len, rpd = budgeted_micro_batches(seqs, seq_len, max(int(rl.tokens_per_micro_batch), seq_len), dp)
+        placed = [{k: jax.device_put(v, row_shard) for k, v in mb.items()} for mb in micro]
+        t_pack = time.perf_counter()
         nonlocal state
-        state, m = step(state, batch)
+        state, m = step(state, placed)
         jax.block_until_ready(state.params)
         t2 = time.perf_counter()
         sync_weights(engine, state.params, it + 1)
         jax.block_until_ready(jax.tree.leaves(engine.params))
         t3 = time.perf_counter()
-        return {"generate_s": t1 - t0, "train_s": t2 - t1, "sync_s": t3 - t2, "total_s": t3 - t0,
-                "completion_tokens": float(sum(len(o.token_ids) for o in outs)), "logprob_gap": float(m["logprob_gap"])}
+        gen_tokens = float(sum(len(o.token_ids) for o in outs))
+        return {"generate_s": t1 - t0, "train_s": t2 - t1, "train_host_s": t_pack - t1, "train_device_s": t2 - t_pack,
+                "sync_s": t3 - t2, "total_s": t3 - t0, "completion_tokens": gen_tokens,
+                "generate_tok_per_s": gen_tokens / max(t1 - t0, 1e-9), "train_tok_per_s": float(m["tokens"]) / max(t2 - t1, 1e-9),
+                "micro_batches": float(len(micro)), "row_len": float(row_len), "rows_per_device": float(rpd),
+                "logprob_gap": float(m["logprob_gap"])}
 
+    t = time.perf_counter()
     iteration(0)  # compiles
+    first = time.perf_counter() - t
     runs = [iteration(i + 1) for i in range(iters)]
-    return {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+    out = {k: float(np.mean([r[k] for r in runs])) for k in runs[0]}
+    out["first_s"] = first
+    return out
+
+
+SHAPES = ("tiny", "qwen3_1_7b")
+
+
+def shaped_config(shape: str, dry_run: bool):
+    """configs/tiny.py, or configs/<shape>.py (the recipe); `dry_run` shrinks width, depth and vocabulary
+    to a tiny model and keeps the recipe's flags (dtype, scan, remat, sharded engine)."""
+    from mpa_jax.config import load_config_file
+
+    config = load_config_file(os.path.join(ROOT, "configs", f"{shape}.py"))
+    if dry_run:
+        m = config.model
+        m.hidden_size, m.intermediate_size, m.num_hidden_layers = 64, 128, 2
+        m.num_attention_heads, m.num_key_value_heads, m.head_dim, m.vocab_size = 4, 2, 16, 512
+        m.logprob_chunk = 256
+    return config
 
 
 def bench_trl(config, prompts: list[list[int]], group: int, completion_len: int, iters: int, tokenizer_dir: str) -> dict[str, float]:
@@ -168,7 +208,11 @@ def bench_trl(config, prompts: list[list[int]], group: int, completion_len: int,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=os.path.join(ROOT, "configs/tiny.py"))
+    p.add_argument("--config", default=None, help="config file (default: configs/<shape>.py)")
+    p.add_argument("--shape", choices=SHAPES, default="tiny", help="model shape: tiny (vs TRL) or a recipe (ours only)")
+    p.add_argument("--device", choices=("any", "cpu", "gpu", "tpu"), default="any",
+                   help="require this JAX backend (exit 2 otherwise): --device gpu on a lent GPU")
+    p.add_argument("--dry-run", action="store_true", help="the shape's path at a tiny width/depth (CPU check)")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--completion-len", type=int, default=128)
     p.add_argument("--tasks", type=int, default=8)
@@ -177,18 +221,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-trl", action="store_true")
     args = p.parse_args(argv)
     sys.path.insert(0, ROOT)
+    import jax
+
     from mpa_jax import tokenizer as tk
     from mpa_jax.config import load_config_file
 
-    config = load_config_file(args.config)
-    tok = tk.build_tokenizer(tk.synthetic_corpus(300), int(config.model.vocab_size), None)
-    config.model.vocab_size = tok.vocab_size  # sampler and learner over the same ids (no padding rows)
-    prompts = _prompts(tok.vocab_size, args.tasks, args.prompt_len)
-    print(f"model {config.model.num_hidden_layers} layers x {config.model.hidden_size}, vocab {config.model.vocab_size}; "
+    backend = jax.default_backend()
+    if args.device != "any" and backend != args.device:
+        print(f"--device {args.device}: JAX's backend is {backend} ({jax.devices()[0].device_kind})", file=sys.stderr)
+        return 2
+    config = load_config_file(args.config) if args.config else shaped_config(args.shape, args.dry_run)
+    tok = None
+    if args.shape == "tiny":
+        tok = tk.build_tokenizer(tk.synthetic_corpus(300), int(config.model.vocab_size), None)
+        config.model.vocab_size = tok.vocab_size  # sampler and learner over the same ids (no padding rows)
+    # Rows must hold prompt + completion; the budget at least one such row per device.
+    need = 1 << (args.prompt_len + args.completion_len - 1).bit_length()
+    config.rl.seq_len = max(int(config.rl.seq_len), need)
+    config.rl.tokens_per_micro_batch = max(int(config.rl.tokens_per_micro_batch), int(config.rl.seq_len))
+    prompts = _prompts(int(config.model.vocab_size), args.tasks, args.prompt_len)
+    print(f"{backend} ({jax.devices()[0].device_kind} x {jax.device_count()}): model {config.model.num_hidden_layers} layers x "
+          f"{config.model.hidden_size}, vocab {config.model.vocab_size}, compute {config.model.compute_dtype}; "
           f"{args.tasks} prompts x {args.group} completions, prompt {args.prompt_len} + completion {args.completion_len} tokens")
     ours = bench_ours(config, prompts, args.group, args.completion_len, args.iters)
     print("ours: " + "  ".join(f"{k} {v:.3f}" for k, v in ours.items()), flush=True)
-    if args.skip_trl:
+    parts = {k: ours[k] for k in ("generate_s", "train_host_s", "train_device_s", "sync_s")}
+    print("where the time goes: " + ", ".join(f"{k[:-2]} {100 * v / ours['total_s']:.0f}%" for k, v in parts.items())
+          + f" of {ours['total_s']:.2f} s per iteration (first iteration, compiling: {ours['first_s']:.1f} s)")
+    if args.skip_trl or args.shape != "tiny":
         return 0
     with tempfile.TemporaryDirectory() as d:
         tok.save(d) if hasattr(tok, "save") else tok.save_pretrained(d)

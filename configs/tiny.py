@@ -168,8 +168,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.temperature = 1.0  # sampling temperature; learner log-probs use the same (SamplingParams.for_ratios)
     c.rl.ppo_epochs = 1
     c.rl.minibatches = 1  # optimizer updates per epoch (rollouts split into this many minibatches)
-    c.rl.micro_batches = 1  # gradient accumulation inside one update (exact)
-    c.rl.seq_len = 4096  # packed row length (>= rollout.max_total_tokens so no episode is cut)
+    c.rl.seq_len = 4096  # longest packed row (>= rollout.max_total_tokens so no episode is cut); rows are sized to
+    # the step's longest episode (power of two, <= seq_len): compact episodes get 1,024-token rows
+    c.rl.tokens_per_micro_batch = 4096  # per data-parallel device and micro-batch (>= seq_len): bounds the update's
+    # memory whatever tasks_per_step x group_size; micro-batches (exact gradient accumulation) follow from it
     c.rl.lr = 1e-5
     c.rl.warmup_steps = 0
     c.rl.lr_end_ratio = 1.0  # constant learning rate by default
@@ -178,7 +180,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.b1 = 0.9
     c.rl.b2 = 0.999
     c.rl.infra_retries = 2  # re-run an infra-failed episode this many times, then drop it (never rewarded)
-    c.rl.async_rollouts = False  # not implemented yet: must stay False
+    c.rl.async_rollouts = False  # True: step k+1 samples while step k trains (one weight version stale)
     c.rl.max_staleness = 1
     c.rl.checkpoint_every = 5  # RL steps
     c.rl.log_every = 1

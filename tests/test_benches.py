@@ -42,3 +42,17 @@ def test_serve_bench_small():
                       out, re.M)
     assert [(k, c) for k, c, *_ in rows] == [("call", "1"), ("call", "2"), ("slots", "1"), ("slots", "2")], out
     assert all(float(x) > 0 for *_, rps, tps, _p50, _p99, rr, rt, ratio in rows for x in (rps, tps, rr, rt, ratio)), out
+
+
+def test_rl_step_gpu_script_dry_run():
+    """The lent-GPU RL iteration script (`bench/rl_step.py --shape qwen3_1_7b --device gpu`) runs its whole
+    path (recipe flags: bf16, scanned layers, remat; embedded engine; budgeted update; sync) at a tiny
+    width on CPU and says where the time goes; `--device gpu` without a GPU exits 2 with one line."""
+    out = _bench("bench/rl_step.py", "--shape", "qwen3_1_7b", "--dry-run", "--device", "cpu", "--prompt-len", "24",
+                 "--completion-len", "8", "--tasks", "2", "--group", "2", "--iters", "1")
+    assert re.search(r"^ours: generate_s [\d.]+ .*train_device_s [\d.]+ .*sync_s [\d.]+ .*first_s [\d.]+", out, re.M), out
+    assert re.search(r"where the time goes: generate \d+%, train_host \d+%, train_device \d+%, sync \d+% of", out), out
+    env = dict(os.environ, JAX_PLATFORMS="cpu", MPA_HUGE_PAGES="0")
+    res = subprocess.run([sys.executable, "bench/rl_step.py", "--shape", "qwen3_1_7b", "--device", "gpu"], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=300)
+    assert res.returncode == 2 and "--device gpu: JAX's backend is cpu" in res.stderr

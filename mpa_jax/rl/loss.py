@@ -13,6 +13,9 @@ keeps it exact under packing and micro-batching (`train.step`). Extras (per-toke
 token means by the step): clip fraction, KL, entropy (at temperature T), ratio mean, |logp - b| gap,
 and ratio max/min.
 
+MoE models with `router_aux_loss_coef > 0`: the router's load-balancing loss (times the coefficient)
+is added to the mean token loss, as the SFT loss does; metric `router_aux`.
+
 `vocab_limit`: ids >= the tokenizer's size are never sampled (the engine gives them -inf logits), so
 the learner's softmax leaves them out too (`chunked_logprobs(vocab_limit=)`), or every ratio would be
 off by their probability mass.
@@ -36,13 +39,23 @@ FIELDS = INT_FIELDS + FLOAT_FIELDS
 def policy_logprobs(cfg: models.ModelConfig, params: Any, batch: Mapping[str, jax.Array], *, temperature: float,
                     chunk: int, vocab_limit: int | None = None) -> tuple[jax.Array, jax.Array]:
     """(log p(target), entropy) [B, T] of packed rows under `params` at `temperature`."""
-    hidden = models.hidden_states(
+    logp, ent, _ = policy_logprobs_with_aux(cfg, params, batch, temperature=temperature, chunk=chunk, vocab_limit=vocab_limit)
+    return logp, ent
+
+
+def policy_logprobs_with_aux(cfg: models.ModelConfig, params: Any, batch: Mapping[str, jax.Array], *, temperature: float,
+                             chunk: int, vocab_limit: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(log p(target), entropy, MoE router aux loss) of packed rows; the aux loss is
+    `router_aux_loss_coef` x the router's load-balancing loss over the real tokens (`models.hidden_states_with_aux`),
+    a float32 0 for dense models or a zero coefficient."""
+    hidden, aux = models.hidden_states_with_aux(
         cfg, params, batch["input_ids"], positions=batch["positions"], segment_ids=batch["segment_ids"],
         attention_mask=(batch["segment_ids"] > 0).astype(jnp.int32),
     )
     unembed = models.unembedding(cfg, params)
     limit = vocab_limit if vocab_limit is not None and vocab_limit < unembed.shape[1] else None
-    return chunked_logprobs(hidden, unembed, batch["targets"], chunk_size=chunk, temperature=temperature, vocab_limit=limit)
+    logp, ent = chunked_logprobs(hidden, unembed, batch["targets"], chunk_size=chunk, temperature=temperature, vocab_limit=limit)
+    return logp, ent, aux
 
 
 def token_losses(logp: jax.Array, batch: Mapping[str, jax.Array], *, clip_low: float, clip_high: float,
@@ -75,7 +88,7 @@ def make_rl_loss(cfg: models.ModelConfig, *, temperature: float, clip_low: float
         raise ValueError(f"RL loss: clip_low={clip_low} must be in [0, 1) and clip_high={clip_high} >= 0")
 
     def loss_fn(params: Any, batch: Mapping[str, jax.Array]) -> tuple:
-        logp, ent = policy_logprobs(cfg, params, batch, temperature=temperature, chunk=chunk, vocab_limit=vocab_limit)
+        logp, ent, aux = policy_logprobs_with_aux(cfg, params, batch, temperature=temperature, chunk=chunk, vocab_limit=vocab_limit)
         w = batch["loss_weights"].astype(jnp.float32)
         per_tok, parts = token_losses(logp, batch, clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef)
         ratio = parts.pop("_ratio_raw")
@@ -87,6 +100,11 @@ def make_rl_loss(cfg: models.ModelConfig, *, temperature: float, clip_low: float
         r = jax.lax.stop_gradient(ratio)
         extras["ratio_max"] = jnp.max(jnp.where(on, r, -jnp.inf))
         extras["ratio_min"] = jnp.min(jnp.where(on, r, jnp.inf))
-        return jnp.sum(per_tok * w), jnp.sum(w), extras
+        count = jnp.sum(w)
+        # MoE: the router's load-balancing loss joins the policy loss as in SFT (`sft.loss`): added as
+        # aux x token count, so that the step's sum / count is the mean token loss + aux (micro-batches:
+        # aux weighted by each micro-batch's tokens). Reported as `router_aux` (a token mean: aux).
+        extras["router_aux"] = jax.lax.stop_gradient(aux) * count
+        return jnp.sum(per_tok * w) + aux * jax.lax.stop_gradient(count), count, extras
 
     return loss_fn
