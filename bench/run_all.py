@@ -159,6 +159,18 @@ def parse_serve(out: str) -> list[Row]:
     return rows
 
 
+def parse_rl_memory(out: str) -> list[Row]:
+    """The budgeted RL update's analysed micro-batch size and the process' peak RSS after one update."""
+    rows = []
+    m = re.search(r"XLA analysis of one micro-batch: ([\d.]+) GiB", out)
+    if m:
+        rows.append(("RL update, XLA analysis of one micro-batch", "GiB", float(m.group(1)), "-", None, "lower"))
+    m = re.search(r"peak RSS before the update [\d.]+ GiB, after ([\d.]+) GiB", out)
+    if m:
+        rows.append(("RL update, process peak RSS", "GiB", float(m.group(1)), "-", None, "lower"))
+    return rows
+
+
 def parse_tool_retrieval(out: str) -> list[Row]:
     rows = []
     m = re.search(r"recall@(\d+)\s+([\d.]+)\s+<- target >= ([\d.]+)", out)
@@ -198,7 +210,7 @@ def parse_bench_rows(out: str) -> list[Row]:
 PARSERS: dict[str, Callable[[str], list[Row]]] = {
     "adb": parse_adb, "context_tokens": parse_context_tokens, "forward": parse_forward, "generate": parse_generate,
     "logprobs_memory": parse_logprobs_memory, "memory": parse_memory, "models_accel": parse_models_accel,
-    "rl_step": parse_rl_step, "sandbox": parse_sandbox, "scan_compile": parse_scan_compile, "serve": parse_serve,
+    "rl_memory": parse_rl_memory, "rl_step": parse_rl_step, "sandbox": parse_sandbox, "scan_compile": parse_scan_compile, "serve": parse_serve,
     "tool_retrieval": parse_tool_retrieval, "train_step": parse_train_step,
 }
 # `make bench` sizes: each bench's arguments finish in ~1-3 minutes on a 2-core host (docs/perf.md lists them);
@@ -208,6 +220,7 @@ ARGS: dict[str, list[str]] = {
     "forward": ["--steps", "2", "--rounds", "2", "--batch", "4"],
     "generate": ["--repeats", "1", "--new", "32"],
     "memory": ["--tokens", "1m", "--queries", "100", "--dir", "/tmp/mpa_memory_bench_1m"],
+    "rl_memory": ["--config", "configs/tiny.py", "--layout", "budget", "--episodes", "16", "--min-len", "300", "--max-len", "900"],
     "rl_step": ["--prompt-len", "64", "--completion-len", "16", "--tasks", "4", "--group", "4", "--iters", "1"],
     "sandbox": ["--calls", "20000", "--resets", "1000", "--live", "32", "--rounds", "20"],
     "serve": ["--concurrency", "1", "16", "--requests", "2", "--new", "16"],

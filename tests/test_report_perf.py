@@ -36,6 +36,7 @@ EXPECTED = {
     "logprobs_memory": ["V=151,936", "V=248,320"],
     "memory": ["memory ingest", "memory search p50 (suite questions)", "memory search p50 (random turns)"],
     "models_accel": ["bf16 logits error vs float32, gqa2_untied", "fwd+bwd tokens/s on cpu"],
+    "rl_memory": ["micro-batch", "peak RSS"],
     "rl_step": ["RL iteration"],
     "sandbox": ["read calls/s", "reset median", "simulated env"],
     "scan_compile": ["compile, 64 layers", "64 vs 8 layers"],
