@@ -171,8 +171,7 @@ def _compiled_step(cfg: models.ModelConfig, loss_key: tuple, opt_key: tuple, mes
     temperature, clip_low, clip_high, kl_coef, chunk, vocab_limit = loss_key
     d = dict(opt_key)
     optimizer, schedule = make_rl_optimizer(ml_collections.ConfigDict({k: v for k, v in d.items() if k != "total" and v is not None}), d["total"])
-    family = models.registry.family_module(cfg.family)
-    params_shape = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
+    params_shape = cfg.abstract_params()
     st_shardings = statelib.state_shardings(mesh, params_shape, sharding.param_shardings(cfg, mesh, rules), optimizer)
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     loss_fn = make_rl_loss(cfg, temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef,
@@ -319,7 +318,7 @@ def run_rl(
     updates_per_step = int(rl.ppo_epochs) * int(rl.minibatches)
     optimizer, schedule = make_rl_optimizer(rl, total * updates_per_step)
     family = models.registry.family_module(cfg.family)
-    params_shape = jax.eval_shape(lambda r: family.init_params(cfg, r), jax.random.key(0))
+    params_shape = cfg.abstract_params()
     p_shardings = sharding.param_shardings(cfg, mesh, rules)
     st_shardings = statelib.state_shardings(mesh, params_shape, p_shardings, optimizer)
     kl_coef = float(rl.kl_coef)
