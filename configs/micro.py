@@ -37,6 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.max_tokens = 4096
     c.data.policy_tasks = 2
     c.eval.max_tasks = 4  # one per category
+    c.loop.eval_split = ""  # config.eval.split (test), eval.max_tasks stratified tasks
+    c.loop.eval_seen = 0
+    c.loop.eval_held_out = 0
     c.loop.rounds = 2
     c.demo.starter = ""  # from scratch: the shipped starter has another shape (and takes minutes)
     c.loop.rl_steps = 1

@@ -164,10 +164,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.templates = ""  # comma-separated task templates to train on; empty = every template of the split
     c.rl.temperature = 1.0  # sampling temperature; learner log-probs use the same (SamplingParams.for_ratios)
     c.rl.ppo_epochs = 1
-    c.rl.minibatches = 1  # optimizer updates per epoch (rollouts split into this many minibatches)
+    c.rl.minibatches = 2  # optimizer updates per epoch (rollouts split into this many minibatches; bounds an update's rows)
     c.rl.micro_batches = 1  # gradient accumulation inside one update (exact)
-    c.rl.seq_len = 4096  # packed row length (>= rollout.max_total_tokens so no episode is cut)
-    c.rl.lr = 1e-5
+    # packed row length (>= rollout.max_total_tokens so no episode is cut); 2048 = the starter's context.
+    # Rows are padded to a power of two and a multiple of the data-parallel devices, so 64 rollouts in
+    # 4096-token rows on 8 host devices held 16 x 4096 rows per update (OOM at 24 GB in the loop).
+    c.rl.seq_len = 2048
+    c.rl.lr = 1e-4  # 1e-5 barely moves a 4.2M model trained at 2e-3
     c.rl.warmup_steps = 0
     c.rl.lr_end_ratio = 1.0  # constant learning rate by default
     c.rl.weight_decay = 0.0
@@ -182,7 +185,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # AI for Data (mpa_jax/data): construction, curation, feedback. (issue 18)
     c.data = ml_collections.ConfigDict()
-    c.data.tasks_per_round = 48  # new gated train tasks constructed per round (weighted by competence)
+    c.data.tasks_per_round = 400  # new gated train tasks constructed per round (weighted by competence; fresh instance seeds)
     c.data.oracle_variants = 1
     c.data.policy_tasks = 16  # train tasks the current policy attempts per round (its verified successes join the data)
     c.data.teacher_url = ""  # OpenAI-compatible endpoint for teacher trajectories; empty = no teacher
@@ -210,8 +213,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop = ml_collections.ConfigDict()
     c.loop.rounds = 2
     c.loop.refresh_steps = 40  # SFT steps per round on the curated data so far (0 = none); also the cold start's from a starter
-    c.loop.refresh_lr = 3e-4
-    c.loop.rl_steps = 3  # CARE RL steps per round (config.rl.* for the rest); 0 = no RL
+    c.loop.refresh_lr = 1e-4  # fresh AdamW moments on a converged starter (it ended at 2e-4)
+    c.loop.rl_steps = 2  # CARE RL steps per round (config.rl.* for the rest); 0 = no RL
+    # Every stage is evaluated on the same tasks of this split: eval_seen of templates seen in training and
+    # eval_held_out of held-out templates (the demo's table); both 0 = config.eval.max_tasks stratified tasks.
+    c.loop.eval_split = "dev"
+    c.loop.eval_seen = 64
+    c.loop.eval_held_out = 32
     c.loop.harness_review = "auto"  # review policy for mined harness proposals: auto | manual
     c.loop.export_dtype = "bfloat16"
 
