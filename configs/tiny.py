@@ -218,8 +218,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Every stage is evaluated on the same tasks of this split: eval_seen of templates seen in training and
     # eval_held_out of held-out templates (the demo's table); both 0 = config.eval.max_tasks stratified tasks.
     c.loop.eval_split = "dev"
-    c.loop.eval_seen = 64
-    c.loop.eval_held_out = 32
+    c.loop.eval_seen = 32
+    c.loop.eval_held_out = 16
     c.loop.harness_review = "auto"  # review policy for mined harness proposals: auto | manual
     c.loop.export_dtype = "bfloat16"
 
