@@ -45,6 +45,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.rl_steps = 1
     c.rl.group_size = 2
     c.rl.tasks_per_step = 2
+    c.rl.seq_len = 4096  # = rollout.max_total_tokens (the 512-id BPE makes long episodes)
     c.loop.refresh_steps = 2  # = sft.steps and the same lr: the refresh reuses the cold start's compiled step
     c.loop.refresh_lr = c.sft.lr
     return c
