@@ -215,6 +215,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.refresh_steps = 40  # SFT steps per round on the curated data so far (0 = none); also the cold start's from a starter
     c.loop.refresh_lr = 1e-4  # fresh AdamW moments on a converged starter (it ended at 2e-4)
     c.loop.rl_steps = 2  # CARE RL steps per round (config.rl.* for the rest); 0 = no RL
+    # learner devices of the loop's RL stage (0 = config.mesh): on CPU one, since each of the 8 forced host
+    # devices holds its own micro-batch at once (the tiny loop's first RL step passed 6 GB RSS on 8)
+    c.loop.rl_learner_devices = 1
     # Every stage is evaluated on the same tasks of this split: eval_seen of templates seen in training and
     # eval_held_out of held-out templates (the demo's table); both 0 = config.eval.max_tasks stratified tasks.
     c.loop.eval_split = "dev"

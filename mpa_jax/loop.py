@@ -278,6 +278,9 @@ class Loop:
 
         cfg = copy.deepcopy(self.config)
         cfg.rl.steps = steps
+        learners = int(self.config.loop.get("rl_learner_devices", 0) or 0)
+        if learners > 0:  # CPU: N forced host devices would each hold an update's micro-batch at once
+            cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert = learners, 1, 1, 1
         if not str(cfg.tokenizer.get("path", "") or ""):
             cfg.tokenizer.path = self.tokenizer_dir()
         run_dir = self.path(f"r{round_index}", "rl")
