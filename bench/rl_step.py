@@ -43,7 +43,7 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
     from mpa_jax import models, sharding
     from mpa_jax.rl import batch as rlbatch
     from mpa_jax.rl import care
-    from mpa_jax.rl.trainer import _compiled_step, _opt_key, copy_params, make_rl_optimizer, sync_weights
+    from mpa_jax.rl.trainer import _compiled_step, _opt_key, budgeted_micro_batches, copy_params, make_rl_optimizer, sync_weights
     from mpa_jax.rollout.jax_engine import JaxEngine
     from mpa_jax.rollout.run import engine_replicas
     from mpa_jax.rollout.types import SamplingParams
@@ -59,7 +59,7 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
     ssh = statelib.state_shardings(mesh, pshape, sharding.param_shardings(cfg, mesh, rules), opt)
     state = statelib.create_sharded_state(lambda r: fam.init_params(cfg, r), opt, 0, ssh)
     step = _compiled_step(cfg, (1.0, float(rl.clip_low), float(rl.clip_high), 0.0, int(config.model.logprob_chunk), None),
-                          _opt_key(rl, 100), 1, mesh, rules)
+                          _opt_key(rl, 100), mesh, rules)
     n = len(prompts) * group
     engine = JaxEngine(cfg, copy_params(state.params), max_batch=n, replicas=engine_replicas(config))
     row_shard = sharding.batch_sharding(mesh, rules, 2)
@@ -82,10 +82,9 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
             mask = np.r_[np.zeros(len(p)), np.ones(len(o.token_ids))].astype(np.float32)
             lp = np.r_[np.zeros(len(p)), np.asarray(o.logprobs)].astype(np.float32)
             seqs.append(rlbatch.RLSequence(toks, mask, lp, float(a)))
-        packed = rlbatch.pack(seqs, seq_len, min_rows=dp, row_multiple=dp)
-        batch = {k: jax.device_put(v, row_shard) for k, v in packed.items()}
+        micro, _, _ = budgeted_micro_batches(seqs, seq_len, max(int(rl.tokens_per_micro_batch), seq_len), dp)
         nonlocal state
-        state, m = step(state, batch)
+        state, m = step(state, [{k: jax.device_put(v, row_shard) for k, v in mb.items()} for mb in micro])
         jax.block_until_ready(state.params)
         t2 = time.perf_counter()
         sync_weights(engine, state.params, it + 1)

@@ -164,13 +164,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.templates = ""  # comma-separated task templates to train on; empty = every template of the split
     c.rl.temperature = 1.0  # sampling temperature; learner log-probs use the same (SamplingParams.for_ratios)
     c.rl.ppo_epochs = 1
-    c.rl.minibatches = 2  # optimizer updates per epoch (rollouts split into this many minibatches; bounds an update's rows)
-    c.rl.micro_batches = 1  # gradient accumulation inside one update (exact)
-    # packed row length (>= rollout.max_total_tokens so no episode is cut); 2048 = the starter's context.
-    # Rows are padded to a power of two and a multiple of the data-parallel devices, so 64 rollouts in
-    # 4096-token rows on 8 host devices held 16 x 4096 rows per update (OOM at 24 GB in the loop).
-    c.rl.seq_len = 2048
-    c.rl.lr = 1e-4  # 1e-5 barely moves a 4.2M model trained at 2e-3
+    c.rl.minibatches = 2  # optimizer updates per epoch (rollouts split into this many minibatches)
+    c.rl.seq_len = 4096  # longest packed row (>= rollout.max_total_tokens so no episode is cut); rows are sized to
+    # the step's longest episode (power of two, <= seq_len): compact episodes get 1,024-token rows
+    c.rl.tokens_per_micro_batch = 8192  # per data-parallel device and micro-batch (>= seq_len): bounds the update's
+    # memory whatever tasks_per_step x group_size; micro-batches (exact gradient accumulation) follow from it
+    c.rl.lr = 1e-4  # 1e-5 barely moves a 4.2M model trained at 2e-3 (the loop's rounds)
     c.rl.warmup_steps = 0
     c.rl.lr_end_ratio = 1.0  # constant learning rate by default
     c.rl.weight_decay = 0.0

@@ -161,3 +161,52 @@ def test_train_step_reports_the_loss_extras_and_sft_metrics_stay_fixed(model):
     _, m2 = jax.eval_shape(lambda s, b: steplib.train_step(s, b, loss_fn=make_sft_loss(cfg, 128), optimizer=opt, schedule=sched),
                            state, sft_batch)
     assert set(m2) == fixed
+
+
+def test_budgeted_update_equals_one_big_batch_and_respects_the_budget(model):
+    """`rl.update.BudgetedUpdate` over budget-derived micro-batches (rows sized to the longest episode)
+    gives the same parameters and metrics as one `train.step.train_step` over every sequence in one
+    batch, and no micro-batch holds more than `tokens_per_micro_batch` tokens per device."""
+    from mpa_jax import sharding
+    from mpa_jax.rl import update as rlupdate
+    from mpa_jax.rl.trainer import budgeted_micro_batches
+    from mpa_jax.train import optimizer as optlib
+    from mpa_jax.train import state as statelib
+
+    cfg, params = model
+    seqs = _seqs(12, cfg, params, seed=3, max_len=40)
+    loss_fn = make_rl_loss(cfg, temperature=TEMP, clip_low=0.2, clip_high=0.28, kl_coef=0.05, chunk=128)
+    opt, sched = optlib.make_optimizer(lr=1e-2, warmup_steps=0, total_steps=10)
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 1, "expert": 1}, devices=jax.devices()[:2])
+    rules = sharding.rules_from_config(load_config_file("configs/tiny.py"))
+    row_sh = sharding.batch_sharding(mesh, rules, 2)
+    pshape = jax.eval_shape(lambda: params)
+    st_sh = statelib.state_shardings(mesh, pshape, sharding.param_shardings(cfg, mesh, rules), opt)
+    budget, dp = 128, 2
+    micro, row_len, rpd = budgeted_micro_batches(seqs, 512, budget, dp)
+    assert row_len == 128 and rpd * row_len <= budget and len(micro) > 1  # 40-token episodes: 128-token rows
+    assert all(mb["input_ids"].shape == (rpd * dp, row_len) for mb in micro)
+    upd = rlupdate.BudgetedUpdate(loss_fn, opt, sched, st_sh, row_sh)
+    s1, m1 = upd(statelib.state_from_params(params, opt, 0, st_sh),
+                 [{k: jax.device_put(v, row_sh) for k, v in mb.items()} for mb in micro])
+    big = {k: jnp.asarray(v) for k, v in rlbatch.pack(seqs, 64, pow2_rows=False).items()}
+    s2, m2 = jax.jit(lambda s, b: steplib.train_step(s, b, loss_fn=loss_fn, optimizer=opt, schedule=sched))(
+        statelib.init_train_state(params, opt, 0), big)
+    assert set(m1) == set(m2) and float(m1["tokens"]) == float(m2["tokens"])
+    for k in m1:
+        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=2e-4, atol=1e-6, err_msg=k)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-6)
+
+
+def test_row_length_and_budget_errors():
+    from mpa_jax.rl import update as rlupdate
+
+    assert rlupdate.row_length(5, 4096) == 128 and rlupdate.row_length(900, 4096) == 1024
+    assert rlupdate.row_length(1025, 4096) == 2048 and rlupdate.row_length(3000, 3072) == 3072  # capped
+    with pytest.raises(ValueError, match="episode of 5000 tokens does not fit a row of config.rl.seq_len=4096"):
+        rlupdate.row_length(5000, 4096)
+    with pytest.raises(ValueError, match="tokens_per_micro_batch=2048 must be >= config.rl.seq_len=4096"):
+        rlupdate.check_budget(4096, 2048)
+    assert rlupdate.rows_per_device(1024, 8192, 3) == 4 and rlupdate.rows_per_device(1024, 8192, 40) == 8
+    assert rlupdate.rows_per_device(4096, 8192, 40) == 2

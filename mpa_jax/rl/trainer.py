@@ -42,6 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from mpa_jax import models, sharding
 from mpa_jax.rl import batch as rlbatch
 from mpa_jax.rl import care
+from mpa_jax.rl import update as rlupdate
 from mpa_jax.rl.loss import FIELDS, make_rl_loss, policy_logprobs
 from mpa_jax.train import checkpoint as ckpt
 from mpa_jax.train import metrics as mlib
@@ -159,9 +160,10 @@ def _opt_key(rl: Any, total_updates: int) -> tuple:
 
 
 @functools.lru_cache(maxsize=4)
-def _compiled_step(cfg: models.ModelConfig, loss_key: tuple, opt_key: tuple, micro: int, mesh: Any, rules: tuple) -> Callable:
-    """The jitted RL train step for one (model, loss, optimizer, mesh) setting, cached so that runs repeated
-    in one process (resume, tests, the experiment's arms) reuse the compiled executables."""
+def _compiled_step(cfg: models.ModelConfig, loss_key: tuple, opt_key: tuple, mesh: Any, rules: tuple) -> rlupdate.BudgetedUpdate:
+    """The RL update (jitted accumulate/apply pieces, `rl.update`) for one (model, loss, optimizer, mesh)
+    setting, cached so that runs repeated in one process (resume, tests, the experiment's arms) reuse
+    the compiled executables."""
     import ml_collections
 
     temperature, clip_low, clip_high, kl_coef, chunk, vocab_limit = loss_key
@@ -173,8 +175,22 @@ def _compiled_step(cfg: models.ModelConfig, loss_key: tuple, opt_key: tuple, mic
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     loss_fn = make_rl_loss(cfg, temperature=temperature, clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef,
                            chunk=chunk, vocab_limit=vocab_limit)
-    return steplib.make_train_step(loss_fn, optimizer, st_shardings, {k: row_shard for k in FIELDS},
-                                   schedule=schedule, micro_batches=micro)
+    return rlupdate.BudgetedUpdate(loss_fn, optimizer, schedule, st_shardings, row_shard)
+
+
+def budgeted_micro_batches(seqs: Sequence[rlbatch.RLSequence], seq_len: int, tokens_per_micro_batch: int,
+                           dp: int) -> tuple[list[dict[str, np.ndarray]], int, int]:
+    """(micro-batches, row length, rows per device) of one minibatch under the token budget: rows sized to
+    the longest episode (`rl.update.row_length`), at most `tokens_per_micro_batch` tokens per device."""
+    row_len = rlupdate.row_length(max(int(s.tokens.shape[0]) for s in seqs), seq_len)
+    packed = rlbatch.pack(seqs, row_len, pow2_rows=False)
+    n_rows = next(iter(packed.values())).shape[0]
+    rpd = rlupdate.rows_per_device(row_len, tokens_per_micro_batch, -(-n_rows // dp))
+    rows_per_micro = rpd * dp
+    padded = -(-n_rows // rows_per_micro) * rows_per_micro
+    if padded > n_rows:  # padding rows: segment 0, weight 0 (no loss, no tokens)
+        packed = {k: np.concatenate([v, np.zeros((padded - n_rows,) + v.shape[1:], v.dtype)]) for k, v in packed.items()}
+    return rlupdate.split_rows(packed, rows_per_micro), row_len, rpd
 
 
 def _make_engine(config: Any, cfg: models.ModelConfig, params: Any, version: int, workdir: str, tokenizer_dir: str | None,
@@ -295,7 +311,11 @@ def run_rl(
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     replicated = NamedSharding(mesh, P())
     dp = math.prod(mesh.shape[a] for a in ("data", "fsdp") if a in mesh.shape)
-    micro = int(rl.micro_batches)
+    budget = int(rl.tokens_per_micro_batch)
+    try:
+        rlupdate.check_budget(seq_len, budget)
+    except ValueError as e:
+        raise RLSetupError(str(e)) from None
     updates_per_step = int(rl.ppo_epochs) * int(rl.minibatches)
     optimizer, schedule = make_rl_optimizer(rl, total * updates_per_step)
     family = models.registry.family_module(cfg.family)
@@ -305,7 +325,7 @@ def run_rl(
     kl_coef = float(rl.kl_coef)
     chunk = int(config.model.get("logprob_chunk", 1024))
     step_fn = _compiled_step(cfg, (temperature, float(rl.clip_low), float(rl.clip_high), kl_coef, chunk, vocab_limit),
-                             _opt_key(rl, total * updates_per_step), micro, mesh, rules)
+                             _opt_key(rl, total * updates_per_step), mesh, rules)
 
     meta = {"model": cfg.to_hf(), "rl": {"algo": str(rl.algo), "group_size": int(rl.group_size), "seq_len": seq_len,
                                          "tasks": len(tasks), "templates": templates}}
@@ -367,7 +387,7 @@ def run_rl(
             try:
                 metrics, state, new_version, dropped = _one_step(
                     config, step, state, engine, tokenizer, rollouts, competence, key_id, step_fn, ref_fn, ref_params,
-                    row_shard, dp * micro, seq_len, version,
+                    row_shard, dp, budget, seq_len, version,
                     before_sync=(lambda: _wait(future)) if future is not None else None,
                 )
             finally:
@@ -457,7 +477,7 @@ def _drop_stale(r: _Rollouts, version: int, max_staleness: int) -> int:
 
 
 def _one_step(config, step, state, engine, tokenizer, rollouts, competence, key_id, step_fn, ref_fn, ref_params,
-              row_shard, row_multiple, seq_len, version, before_sync=None):
+              row_shard, dp, budget, seq_len, version, before_sync=None):
     rl = config.rl
     step_tasks, trajs, groups, dropped, t_roll = rollouts.tasks, rollouts.trajs, rollouts.groups, rollouts.dropped, rollouts.rollout_s
 
@@ -476,23 +496,30 @@ def _one_step(config, step, state, engine, tokenizer, rollouts, competence, key_
     competence.update(keys, success.astype(np.float64))
 
     seqs = []
-    truncated = 0
     for tr, a in zip(trajs, adv):
         s, cut = rlbatch.sequence_from_trajectory(tr, float(a), seq_len)
-        truncated += int(cut)
+        if cut:  # run_rl checks rl.seq_len >= rollout.max_total_tokens: an episode this long is a bug upstream
+            raise ValueError(f"an episode of {len(tr.tokens)} tokens does not fit a row of config.rl.seq_len={seq_len}")
         if a != 0 and s.loss_mask[1:].sum() > 0:  # zero-advantage rollouts add no gradient (with kl_coef=0)
             seqs.append(s)
         elif float(rl.kl_coef) > 0 and s.loss_mask[1:].sum() > 0:
             seqs.append(s)
     update_metrics: list[dict[str, float]] = []
+    layout = {"row_len": 0, "rows_per_device": 0, "micro_batches": 0}
     for epoch in range(int(rl.ppo_epochs)):
         rng = np.random.default_rng([int(config.seed), step, epoch])
         for idx in rlbatch.minibatches(len(seqs), int(rl.minibatches), rng) if seqs else []:
-            packed = rlbatch.pack([seqs[i] for i in idx], seq_len, min_rows=row_multiple, row_multiple=row_multiple)
-            batch = {k: jax.device_put(v, row_shard) for k, v in packed.items()}
-            if ref_fn is not None:
-                batch["ref_logprobs"] = ref_fn(ref_params, batch) * batch["loss_weights"]
-            state, m = step_fn(state, batch)
+            micro, row_len, rpd = budgeted_micro_batches([seqs[i] for i in idx], seq_len, budget, dp)
+            layout["row_len"] = max(layout["row_len"], row_len)
+            layout["rows_per_device"] = max(layout["rows_per_device"], rpd)
+            layout["micro_batches"] += len(micro)
+            placed = []
+            for mb in micro:
+                b = {k: jax.device_put(v, row_shard) for k, v in mb.items()}
+                if ref_fn is not None:
+                    b["ref_logprobs"] = ref_fn(ref_params, b) * b["loss_weights"]
+                placed.append(b)
+            state, m = step_fn(state, placed)
             update_metrics.append({k: float(v) for k, v in jax.device_get(m).items()})
     jax.block_until_ready(state.params)
     t_train = time.perf_counter() - t1
@@ -536,7 +563,9 @@ def _one_step(config, step, state, engine, tokenizer, rollouts, competence, key_
         "rl/updates": float(len(update_metrics)),
         "rl/train_tokens": float(sum(u["tokens"] for u in update_metrics)),
         "rl/rollouts": float(len(trajs)),
-        "rl/truncated": float(truncated),
+        "rl/row_len": float(layout["row_len"]),
+        "rl/rows_per_device": float(layout["rows_per_device"]),
+        "rl/micro_batches": float(layout["micro_batches"]),
         "rl/weight_version": float(version),
         "rl/infra_dropped": float(dropped),
         "time/rollout_s": t_roll,
