@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len", type=int, default=1700)
     p.add_argument("--analyse-only", action="store_true")
     p.add_argument("--max-gb", type=float, default=5.0)
+    p.add_argument("--budget", type=int, default=None, help="override config.rl.tokens_per_micro_batch")
     args = p.parse_args(argv)
     sys.path.insert(0, ROOT)
     import jax
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.config}: {cfg.num_hidden_layers} layers x {cfg.hidden_size}, {mesh.size} device(s); {args.episodes} episodes of"
           f" {args.min_len}-{args.max_len} tokens ({sum(len(s.tokens) for s in seqs)} in all); layout {args.layout}", flush=True)
     if args.layout == "budget":
-        budget = int(rl.tokens_per_micro_batch)
+        budget = int(args.budget or rl.tokens_per_micro_batch)
         micro, row_len, rpd = budgeted_micro_batches(seqs, seq_len, budget, dp)
         upd = _compiled_step(cfg, (float(rl.temperature), float(rl.clip_low), float(rl.clip_high), 0.0, chunk, None),
                              _opt_key(rl, 100), mesh, rules)

@@ -167,7 +167,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.minibatches = 2  # optimizer updates per epoch (rollouts split into this many minibatches)
     c.rl.seq_len = 4096  # longest packed row (>= rollout.max_total_tokens so no episode is cut); rows are sized to
     # the step's longest episode (power of two, <= seq_len): compact episodes get 1,024-token rows
-    c.rl.tokens_per_micro_batch = 8192  # per data-parallel device and micro-batch (>= seq_len): bounds the update's
+    c.rl.tokens_per_micro_batch = 4096  # per data-parallel device and micro-batch (>= seq_len): bounds the update's
     # memory whatever tasks_per_step x group_size; micro-batches (exact gradient accumulation) follow from it
     c.rl.lr = 1e-4  # 1e-5 barely moves a 4.2M model trained at 2e-3 (the loop's rounds)
     c.rl.warmup_steps = 0
