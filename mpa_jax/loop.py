@@ -457,7 +457,8 @@ def format_headline(summary: dict[str, Any]) -> str:
     for s in stages:
         lines.append(f"{s['name']:<11}{_pct(s['success']):>9}{_pct(s.get('success_seen')):>11}{_pct(s.get('success_held_out')):>10}" + "".join(
             f"{100 * s['by_category'][c]:10.1f}%" if c in s["by_category"] else f"{'-':>11}" for c in cats)
-            + f"{s['mean_output_tokens']:9.1f}{s['mean_tool_calls']:7.2f}{s['cost_per_1k_tasks']:9.4f}  {s['weight_version']} / {s['harness_version']}")
+            + f"{s['mean_output_tokens']:9.1f}{s['mean_tool_calls']:7.2f}{s['cost_per_1k_tasks']:9.4f}  {s['weight_version']} / {s['harness_version']}"
+            + (f" (harness off: {_pct(s.get('success_harness_off'))})" if s.get("harness_mode") == "on" else ""))
     for sk in summary["skipped"]:
         lines.append(f"skipped {sk['stage']}: {sk['reason']}")
     return "\n".join(lines)
