@@ -26,7 +26,7 @@ install: $(VENV)/.stamp-core
 install-test: $(VENV)/.stamp-test
 
 demo: install
-	$(BIN)/mpa demo --config configs/tiny.py
+	$(BIN)/mpa loop --config configs/tiny.py --workdir runs/demo
 
 test: install-test
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)

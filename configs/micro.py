@@ -37,11 +37,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.max_tokens = 4096
     c.data.policy_tasks = 2
     c.eval.max_tasks = 4  # one per category
+    c.loop.eval_split = ""  # config.eval.split (test), eval.max_tasks stratified tasks
+    c.loop.eval_seen = 0
+    c.loop.eval_held_out = 0
     c.loop.rounds = 2
     c.demo.starter = ""  # from scratch: the shipped starter has another shape (and takes minutes)
     c.loop.rl_steps = 1
     c.rl.group_size = 2
     c.rl.tasks_per_step = 2
+    c.rl.seq_len = 4096  # = rollout.max_total_tokens (the 512-id BPE makes long episodes)
     c.loop.refresh_steps = 2  # = sft.steps and the same lr: the refresh reuses the cold start's compiled step
     c.loop.refresh_lr = c.sft.lr
     return c

@@ -167,12 +167,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.templates = ""  # comma-separated task templates to train on; empty = every template of the split
     c.rl.temperature = 1.0  # sampling temperature; learner log-probs use the same (SamplingParams.for_ratios)
     c.rl.ppo_epochs = 1
-    c.rl.minibatches = 1  # optimizer updates per epoch (rollouts split into this many minibatches)
+    c.rl.minibatches = 2  # optimizer updates per epoch (rollouts split into this many minibatches)
     c.rl.seq_len = 4096  # longest packed row (>= rollout.max_total_tokens so no episode is cut); rows are sized to
     # the step's longest episode (power of two, <= seq_len): compact episodes get 1,024-token rows
     c.rl.tokens_per_micro_batch = 4096  # per data-parallel device and micro-batch (>= seq_len): bounds the update's
     # memory whatever tasks_per_step x group_size; micro-batches (exact gradient accumulation) follow from it
-    c.rl.lr = 1e-5
+    c.rl.lr = 1e-4  # 1e-5 barely moves a 4.2M model trained at 2e-3 (the loop's rounds)
     c.rl.warmup_steps = 0
     c.rl.lr_end_ratio = 1.0  # constant learning rate by default
     c.rl.weight_decay = 0.0
@@ -187,7 +187,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # AI for Data (mpa_jax/data): construction, curation, feedback. (issue 18)
     c.data = ml_collections.ConfigDict()
-    c.data.tasks_per_round = 48  # new gated train tasks constructed per round (weighted by competence)
+    c.data.tasks_per_round = 400  # new gated train tasks constructed per round (weighted by competence; fresh instance seeds)
     c.data.oracle_variants = 1
     c.data.policy_tasks = 16  # train tasks the current policy attempts per round (its verified successes join the data)
     c.data.teacher_url = ""  # OpenAI-compatible endpoint for teacher trajectories; empty = no teacher
@@ -215,8 +215,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop = ml_collections.ConfigDict()
     c.loop.rounds = 2
     c.loop.refresh_steps = 40  # SFT steps per round on the curated data so far (0 = none); also the cold start's from a starter
-    c.loop.refresh_lr = 3e-4
-    c.loop.rl_steps = 3  # CARE RL steps per round (config.rl.* for the rest); 0 = no RL
+    c.loop.refresh_lr = 1e-4  # fresh AdamW moments on a converged starter (it ended at 2e-4)
+    c.loop.rl_steps = 2  # CARE RL steps per round (config.rl.* for the rest); 0 = no RL
+    # learner devices of the loop's RL stage (0 = config.mesh): on CPU one, since each of the 8 forced host
+    # devices holds its own micro-batch at once (the tiny loop's first RL step passed 6 GB RSS on 8)
+    c.loop.rl_learner_devices = 1
+    # Every stage is evaluated on the same tasks of this split: eval_seen of templates seen in training and
+    # eval_held_out of held-out templates (the demo's table); both 0 = config.eval.max_tasks stratified tasks.
+    c.loop.eval_split = "dev"
+    c.loop.eval_seen = 32
+    c.loop.eval_held_out = 16
     c.loop.harness_review = "auto"  # review policy for mined harness proposals: auto | manual
     c.loop.export_dtype = "bfloat16"
 

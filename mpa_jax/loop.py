@@ -137,13 +137,25 @@ class Loop:
         return path or self.path("tokenizer")
 
     @property
+    def eval_split(self) -> str:
+        """The split every stage is evaluated on: `config.loop.eval_split`, else `config.eval.split`."""
+        return str(self.config.loop.get("eval_split", "") or self.config.eval.split)
+
+    @property
     def heldout(self) -> list[Any]:
         if self._heldout is None:
             from mpa_jax.eval import heldout_tasks
 
-            ev = self.config.eval
-            self._heldout = heldout_tasks(str(ev.split), int(ev.max_tasks), seed=int(self.config.tasks.seed),
-                                          per_template=int(self.config.tasks.per_template))
+            ev, lp = self.config.eval, self.config.loop
+            n_seen, n_held = int(lp.get("eval_seen", 0) or 0), int(lp.get("eval_held_out", 0) or 0)
+            if n_seen or n_held:  # the demo's split: tasks of templates seen in training and of held-out templates
+                from mpa_jax.sft.success import dev_subset
+
+                self._heldout = dev_subset(self.eval_split, n_seen, n_held, seed=int(self.config.tasks.seed),
+                                           per_template=int(self.config.tasks.per_template))
+            else:
+                self._heldout = heldout_tasks(self.eval_split, int(ev.max_tasks), seed=int(self.config.tasks.seed),
+                                              per_template=int(self.config.tasks.per_template))
         return self._heldout
 
     # ------------------------------------------------------------------ stages
@@ -201,18 +213,39 @@ class Loop:
         from mpa_jax.eval import evaluate
 
         mode = "both" if harness_version_dir else "off"
-        rep = evaluate(self.config, checkpoint, out_dir=self.path("eval", name), tasks=self.heldout, harness=mode,
+        rep = evaluate(self.config, checkpoint, out_dir=self.path("eval", name), split=self.eval_split, tasks=self.heldout, harness=mode,
                        k=int(self.config.eval.k), workdir=self.workdir, label=name, tokenizer=self.tokenizer,
                        progress=self.progress, harness_version_dir=harness_version_dir)
         m = rep["harness"]["on" if harness_version_dir else "off"]
         o = m["overall"]
+        split_success = self._template_success(os.path.join(self.path("eval", name), "on" if harness_version_dir else "off"))
         return {"checkpoint": checkpoint, "eval_json": self.path("eval", name, "eval.json"), "weight_version": rep["weight_version"],
                 "success": o["success"], "partial_score": o["partial_score"], "mean_output_tokens": o["mean_output_tokens"],
                 "mean_tool_calls": o["mean_tool_calls"], "cost_per_1k_tasks": o["cost_per_1k_tasks"]["total"],
                 "cost_per_1k_tasks_output_only": o["cost_per_1k_tasks_output_only"],
                 "harness_mode": "on" if harness_version_dir else "off",
                 "success_harness_off": rep["harness"]["off"]["overall"]["success"],
-                "by_category": {k: v["success"] for k, v in m["by_category"].items()}, "tasks": rep["tasks"]}
+                "by_category": {k: v["success"] for k, v in m["by_category"].items()}, "tasks": rep["tasks"], **split_success}
+
+    def _template_success(self, run_dir: str) -> dict[str, Any]:
+        """Success on tasks of templates seen in training and of held-out templates (`success_seen`,
+        `success_held_out`, with their task counts) over the run files of one harness mode."""
+        from mpa_jax.envs import Trajectory, read_jsonl
+        from mpa_jax.sft.success import held_out_templates
+
+        ho, template = held_out_templates(), {t.id: t.template for t in self.heldout}
+        hits = {"seen": [0, 0], "held_out": [0, 0]}
+        for f in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
+            if f.endswith(".jsonl"):
+                for t in read_jsonl(os.path.join(run_dir, f), Trajectory):
+                    key = "held_out" if template.get(t.task_id) in ho else "seen"
+                    hits[key][1] += 1
+                    hits[key][0] += int(bool(t.verification and t.verification.success))
+        out: dict[str, Any] = {}
+        for key, (ok, n) in hits.items():
+            out[f"tasks_{key}"] = n
+            out[f"success_{key}"] = ok / n if n else None
+        return out
 
     def sft(self, name: str, data_path: str, init_from: str | None, steps: int, lr: float | None = None) -> dict[str, Any]:
         from mpa_jax.sft import run_sft
@@ -245,6 +278,9 @@ class Loop:
 
         cfg = copy.deepcopy(self.config)
         cfg.rl.steps = steps
+        learners = int(self.config.loop.get("rl_learner_devices", 0) or 0)
+        if learners > 0:  # CPU: N forced host devices would each hold an update's micro-batch at once
+            cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert = learners, 1, 1, 1
         if not str(cfg.tokenizer.get("path", "") or ""):
             cfg.tokenizer.path = self.tokenizer_dir()
         run_dir = self.path(f"r{round_index}", "rl")
@@ -379,14 +415,15 @@ class Loop:
         losses = {n: st["done"][n].get("losses", []) for n in st["order"] if n.endswith("sft") or n.endswith("refresh")}
         return {
             "config": str(self.config.get("name", "")),
-            "split": str(self.config.eval.split),
+            "split": self.eval_split,
             "heldout_tasks": len(self.heldout),
             "stages": [{"name": name, "success": ev["success"], "partial_score": ev["partial_score"],
                         "by_category": ev["by_category"], "mean_output_tokens": ev["mean_output_tokens"],
                         "mean_tool_calls": ev["mean_tool_calls"], "cost_per_1k_tasks": ev["cost_per_1k_tasks"],
                         "cost_per_1k_tasks_output_only": ev["cost_per_1k_tasks_output_only"],
                         "weight_version": ev["weight_version"], "harness_version": hv, "eval_json": ev["eval_json"],
-                        "harness_mode": ev.get("harness_mode", "off"), "success_harness_off": ev.get("success_harness_off", ev["success"])}
+                        "harness_mode": ev.get("harness_mode", "off"), "success_harness_off": ev.get("success_harness_off", ev["success"]),
+                        **{k: ev.get(k) for k in ("success_seen", "success_held_out", "tasks_seen", "tasks_held_out")}}
                        for name, ev, hv in rows],
             "skipped": [{"stage": k, "reason": v} for k, v in st["skipped"].items()],
             "harness": [{"round": n.split("/")[0], **{k: v for k, v in st["done"][n].items() if k in ("version", "changes", "failures", "clusters", "skipped")}}
@@ -402,16 +439,26 @@ class Loop:
         }
 
 
+def _pct(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "-"
+
+
 def format_headline(summary: dict[str, Any]) -> str:
-    """The headline table: held-out success per stage, overall and per category, with versions."""
+    """The headline table: held-out success per stage, overall, on seen / held-out templates and per
+    category, with output tokens, tool calls, cost and versions."""
     stages = summary["stages"]
     cats = sorted({c for s in stages for c in s["by_category"]})
-    head = f"{'stage':<11}{'overall':>9}" + "".join(f"{c:>11}" for c in cats) + f"{'out tok':>9}{'calls':>7}{'cost/1k':>9}  weights / harness"
-    lines = [f"held-out success on {summary['heldout_tasks']} {summary['split']} tasks", head]
+    n_seen = next((s.get("tasks_seen") for s in stages if s.get("tasks_seen") is not None), 0)
+    n_held = next((s.get("tasks_held_out") for s in stages if s.get("tasks_held_out") is not None), 0)
+    head = (f"{'stage':<11}{'overall':>9}{'seen tmpl':>11}{'held-out':>10}" + "".join(f"{c:>11}" for c in cats)
+            + f"{'out tok':>9}{'calls':>7}{'cost/1k':>9}  weights / harness")
+    lines = [f"greedy success on the same {summary['heldout_tasks']} {summary['split']} tasks "
+             f"({n_seen} of templates seen in training, {n_held} of held-out templates)", head]
     for s in stages:
-        lines.append(f"{s['name']:<11}{100 * s['success']:8.1f}%" + "".join(
+        lines.append(f"{s['name']:<11}{_pct(s['success']):>9}{_pct(s.get('success_seen')):>11}{_pct(s.get('success_held_out')):>10}" + "".join(
             f"{100 * s['by_category'][c]:10.1f}%" if c in s["by_category"] else f"{'-':>11}" for c in cats)
-            + f"{s['mean_output_tokens']:9.1f}{s['mean_tool_calls']:7.2f}{s['cost_per_1k_tasks']:9.4f}  {s['weight_version']} / {s['harness_version']}")
+            + f"{s['mean_output_tokens']:9.1f}{s['mean_tool_calls']:7.2f}{s['cost_per_1k_tasks']:9.4f}  {s['weight_version']} / {s['harness_version']}"
+            + (f" (harness off: {_pct(s.get('success_harness_off'))})" if s.get("harness_mode") == "on" else ""))
     for sk in summary["skipped"]:
         lines.append(f"skipped {sk['stage']}: {sk['reason']}")
     return "\n".join(lines)

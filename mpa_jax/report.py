@@ -39,8 +39,8 @@ def _table(headers: list[str], rows: list[list[Any]], cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+def _pct(x: float | None) -> str:
+    return f"{100 * x:.1f}%" if x is not None else "-"
 
 
 def _plots(summary: dict[str, Any], workdir: str) -> dict[str, str]:
@@ -56,6 +56,9 @@ def _plots(summary: dict[str, Any], workdir: str) -> dict[str, str]:
 
     fig, ax = plt.subplots(figsize=(7, 3.6))
     ax.plot(names, [100 * s["success"] for s in stages], "o-", lw=2.5, color="k", label="Overall")
+    for key, label in (("success_seen", "seen templates"), ("success_held_out", "held-out templates")):
+        if any(s.get(key) is not None for s in stages):
+            ax.plot(names, [100 * s[key] if s.get(key) is not None else float("nan") for s in stages], "s:", lw=2, label=label)
     for c in cats:
         ax.plot(names, [100 * s["by_category"].get(c, float("nan")) for s in stages], "o--", label=c)
     ax.set_ylabel("held-out success (%)")
@@ -140,8 +143,8 @@ def render_report(summary: dict[str, Any], workdir: str) -> str:
              f"<h1>MPA-JAX closed loop: {html.escape(summary.get('config', ''))}</h1>",
              f"<p>Held-out success on {summary['heldout_tasks']} {html.escape(summary['split'])} tasks (greedy unless k &gt; 1).</p>",
              "<h2 id='headline'>Headline</h2>",
-             _table(["stage", "overall"] + cats + ["partial score", "output tokens", "tool calls", "weights", "harness", "overall, harness off"],
-                    [[s["name"], _pct(s["success"])] + [_pct(s["by_category"][c]) if c in s["by_category"] else "-" for c in cats]
+             _table(["stage", "overall", "seen templates", "held-out templates"] + cats + ["partial score", "output tokens", "tool calls", "weights", "harness", "overall, harness off"],
+                    [[s["name"], _pct(s["success"]), _pct(s.get("success_seen")), _pct(s.get("success_held_out"))] + [_pct(s["by_category"][c]) if c in s["by_category"] else "-" for c in cats]
                      + [f"{s['partial_score']:.3f}", f"{s['mean_output_tokens']:.1f}", f"{s['mean_tool_calls']:.2f}",
                         s["weight_version"], s["harness_version"], _pct(s.get("success_harness_off", s["success"]))] for s in stages],
                     "headline"),

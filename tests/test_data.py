@@ -110,6 +110,31 @@ def test_oracle_collection_is_verified_and_curated(tok):
     assert res.datasheet["examples"] == 4 and res.datasheet["sources"] == {"oracle": 4}
 
 
+def test_oracle_demonstrates_arguments_in_schema_order_whatever_the_task_file_order(tok, tmp_path):
+    """Tasks read back from JSONL (the split cache, a task file) carry sorted argument keys; the
+    demonstrations must not depend on that (the starter learned the schema order)."""
+    from mpa_jax.data import schema_ordered
+    from mpa_jax.envs import read_jsonl, write_jsonl
+    from mpa_jax.envs.contract import Task
+    from mpa_jax.envs.tools import TOOLS
+
+    tasks, _ = construct_tasks(8, None, round_index=1)
+    multi = [t for t in tasks if any(len(g.get("arguments", {})) > 1 for g in t.gold)]
+    assert multi, "no gold call with two or more arguments among the constructed tasks"
+    path = tmp_path / "tasks.jsonl"
+    write_jsonl(str(path), multi)
+    reread = read_jsonl(str(path), Task)
+    calls = [g for t in reread for g in t.gold if g.get("kind") == "tool_call" and len(g["arguments"]) > 1]
+    assert any(list(g["arguments"]) != [k for k in TOOLS[g["name"]].spec.parameters["properties"] if k in g["arguments"]]
+               for g in calls), "the file kept schema order: the test no longer covers the sorted-key case"
+    for g in (g for t in reread for g in schema_ordered(t).gold if g.get("kind") == "tool_call"):
+        order = list(TOOLS[g["name"]].spec.parameters["properties"])
+        assert list(g["arguments"]) == [k for k in order if k in g["arguments"]]
+    fresh = collect_oracle(multi, tok, seed=3)
+    from_file = collect_oracle(reread, tok, seed=3)
+    assert [t.tokens for t in fresh] == [t.tokens for t in from_file]
+
+
 class _GoldTeacher(http.server.BaseHTTPRequestHandler):
     """A chat-completions endpoint on 127.0.0.1 that plays the task's gold plan (stands in for a teacher model)."""
 

@@ -78,4 +78,22 @@ def test_two_round_loop_killed_and_resumed(tmp_path, tmp_path_factory):
     assert (workdir / "final" / "tokenizer.json").exists() or any(f.startswith("tokenizer") for f in os.listdir(workdir / "final"))
     html = (workdir / "report.html").read_text()
     assert html.count('<img class="plot"') >= 4 and "round 2" in html
-    assert "held-out success on 4 test tasks" in res.stdout and "report:" in res.stdout
+    assert "greedy success on the same 4 test tasks" in res.stdout and "report:" in res.stdout
+    # seen / held-out templates split out per stage (counts add up to the evaluated tasks)
+    assert "seen tmpl" in res.stdout and "held-out" in res.stdout
+    for s in summary["stages"]:
+        assert s["tasks_seen"] + s["tasks_held_out"] == 4
+
+
+def test_make_demo_is_the_loop_on_the_embedded_default():
+    """`make demo` runs `mpa loop` on configs/tiny.py (the command the two-round test above exercises on
+    the micro config); its headline lists untrained | starter | SFT | rounds on seen and held-out templates."""
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        lines = f.read().split("\ndemo:", 1)[1].split("\n\n", 1)[0].splitlines()
+    recipe = [ln.strip() for ln in lines[1:] if ln.startswith("\t")]
+    assert recipe == ["$(BIN)/mpa loop --config configs/tiny.py --workdir runs/demo"], recipe
+    from mpa_jax.config import load_config_file
+
+    cfg = load_config_file(os.path.join(ROOT, "configs", "tiny.py"))
+    assert cfg.demo.starter == "starter" and cfg.loop.eval_split == "dev"
+    assert cfg.loop.eval_seen > 0 and cfg.loop.eval_held_out > 0 and cfg.loop.rounds >= 1

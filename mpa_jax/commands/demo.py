@@ -165,8 +165,17 @@ def sft_refresh(config: Any, workdir: str, *, starter: bool) -> Any:
         config.sft.batch_size = int(d.refresh_batch_size)
         # a sample spread over domains and categories (the split's head is a few templates of one domain)
         tasks = stratified(load_tasks(split, seed=int(config.tasks.seed), per_template=int(config.tasks.per_template)), int(d.refresh_tasks))
-        split, max_tasks = os.path.join(workdir, "refresh-tasks.jsonl"), 0
-        write_jsonl(split, tasks)
+        write_jsonl(os.path.join(workdir, "refresh-tasks.jsonl"), tasks)
+        # collect_oracle demonstrates in the tools' schema order, as the starter learned it (data/order.py:
+        # tasks read back from a cache or JSONL carry sorted arguments)
+        from mpa_jax.data import collect_oracle
+        from mpa_jax.tokenizer import model_vocab_size, tokenizer_for_config
+
+        traj_path = os.path.join(workdir, "oracle-refresh-tasks.jsonl")
+        trajs = collect_oracle(tasks, tokenizer_for_config(config, workdir), seed=int(config.seed),
+                               variants=int(config.oracle.get("variants", 1)), vocab_limit=model_vocab_size(config))
+        write_jsonl(traj_path, trajs)
+        return run_sft(config, os.path.join(workdir, "sft"), traj_path, export=True)
     traj_path = make_oracle_trajectories(config, workdir, split=split, max_tasks=max_tasks)
     return run_sft(config, os.path.join(workdir, "sft"), traj_path, export=True)
 

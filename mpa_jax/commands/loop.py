@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     except setup_errors as e:  # a config that does not fit (data, model, RL settings): one line, the run dir kept for resume
         raise UserError(str(e)) from None
     console.rule("[bold]headline")
-    console.print(format_headline(summary), highlight=False)
+    console.print(format_headline(summary), highlight=False, soft_wrap=True)  # a table: never re-wrapped
     console.print(f"summary: {os.path.join(args.workdir, 'summary.json')}")
     console.print(f"report:  {summary['report']}")
     return 0
