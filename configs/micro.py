@@ -48,4 +48,5 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.seq_len = 4096  # = rollout.max_total_tokens (the 512-id BPE makes long episodes)
     c.loop.refresh_steps = 2  # = sft.steps and the same lr: the refresh reuses the cold start's compiled step
     c.loop.refresh_lr = c.sft.lr
+    c.loop.release_gate_tasks = 4  # the release gate runs (on 4 train tasks) in the loop tests
     return c

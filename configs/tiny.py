@@ -226,6 +226,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.eval_seen = 32
     c.loop.eval_held_out = 16
     c.loop.harness_review = "auto"  # review policy for mined harness proposals: auto | manual
+    c.loop.release_gate_tasks = 24  # a released harness version must not lower success on this many train tasks (0 = no gate)
     c.loop.export_dtype = "bfloat16"
 
     # Harness (DESIGN §5): the runtime between planner and env. enabled=False: raw planner + env (ablations).

@@ -267,6 +267,28 @@ def release(store: HarnessStore, root: str, trajectories: Iterable[Trajectory] =
     return version
 
 
+def withdraw(root: str, version: str, reason: str) -> str:
+    """Take back a released version that a release gate rejected: CURRENT returns to its parent, the
+    version directory is kept for the record as `versions/<version>.withdrawn` (its number is free again),
+    and the changelog says why. Its proposals stay marked released, so they are not proposed again.
+    Returns the parent version."""
+    final = os.path.join(root, "versions", version)
+    with open(os.path.join(final, "manifest.json"), encoding="utf-8") as f:
+        parent = str(json.load(f)["parent"])
+    if current_version(root) != version:
+        raise EvolutionError(f"harness version {version} is not the current one ({current_version(root)}): not withdrawn")
+    kept = final + ".withdrawn"
+    if os.path.exists(kept):
+        shutil.rmtree(kept)
+    os.rename(final, kept)
+    log = os.path.join(root, "CHANGELOG.md")
+    old_log = open(log, encoding="utf-8").read() if os.path.isfile(log) else "# Harness changelog\n"
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    _atomic_write(log, old_log.rstrip("\n") + f"\n\n## {version} withdrawn ({stamp})\n{reason}; current is {parent} again\n")
+    _atomic_write(os.path.join(root, "CURRENT"), parent + "\n")
+    return parent
+
+
 def read_version(path: str) -> Any:
     """Load a version directory (checking every file against the manifest's hashes)."""
     from mpa_jax.harness.runtime import HarnessVersion
@@ -293,4 +315,4 @@ def store_path(root: str) -> str:
     return os.path.join(root, "store.sqlite")
 
 
-__all__ = ["EvolutionError", "HarnessStoreError", "mine", "submit", "release", "read_version", "read_traces", "current_version"]
+__all__ = ["EvolutionError", "HarnessStoreError", "mine", "submit", "release", "withdraw", "read_version", "read_traces", "current_version"]

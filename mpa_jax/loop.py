@@ -334,12 +334,47 @@ class Loop:
             if close:
                 close()
         changes = [f"{p['kind']}: {p['cluster']}" for p in proposals if p["id"] in set(added)]
+        current = evolution.current_version(root)
+        if version is None and os.path.isdir(os.path.join(root, "versions", current)) \
+                and os.path.join(root, "versions", current) != base["version_dir"]:
+            version = current  # released by an interrupted earlier attempt of this stage, not gated yet
+        if version is not None and int(self.config.loop.get("release_gate_tasks", 0) or 0) > 0:
+            gate = self.release_gate(round_index, eval_result.get("checkpoint"), os.path.join(root, "versions", version),
+                                     base["version_dir"])
+            if gate["candidate"] < gate["baseline"]:
+                reason = (f"release gate: success {gate['candidate']:.1%} with it vs {gate['baseline']:.1%} without "
+                          f"on {gate['tasks']} train tasks")
+                evolution.withdraw(root, version, reason)
+                return {**base, "proposals": len(proposals), "queued": len(added), "gate": gate, "withdrawn": version,
+                        "skipped": f"release {version} withdrawn by the {reason}"}
+            base["gate"] = gate
         if version is None:
             why = ("no proposals mined" if not proposals else
                    f"{len(added)} proposal(s) queued for review (loop.harness_review={policy!r}); none approved yet")
             return {**base, "proposals": len(proposals), "queued": len(added), "skipped": f"release: {why}"}
         return {**base, "proposals": len(proposals), "queued": len(added), "version": version,
                 "version_dir": os.path.join(root, "versions", version), "changes": changes}
+
+    def release_gate(self, round_index: int, checkpoint: str | None, candidate_dir: str, current_dir: str) -> dict[str, Any]:
+        """Success of the round's checkpoint with the candidate harness version vs with the current one
+        (or none), on `loop.release_gate_tasks` train-split tasks (never the headline evaluation tasks): a
+        version that makes the planner worse is not released (`withdraw`)."""
+        from mpa_jax.eval import evaluate, heldout_tasks
+
+        tasks = heldout_tasks("train", int(self.config.loop.release_gate_tasks), seed=int(self.config.tasks.seed) + 1,
+                              per_template=int(self.config.tasks.per_template))
+        out = self.path("harness", f"r{round_index}", "gate")
+
+        def success(name: str, mode: str, version_dir: str) -> dict[str, Any]:
+            rep = evaluate(self.config, checkpoint, out_dir=os.path.join(out, name), split="train", tasks=tasks, harness=mode,
+                           k=1, workdir=self.workdir, label=f"gate r{round_index} {name}", tokenizer=self.tokenizer,
+                           progress=self.progress, harness_version_dir=version_dir)
+            return rep["harness"]
+
+        cand = success("candidate", "both" if not current_dir else "on", candidate_dir)
+        base = cand["off"] if not current_dir else success("current", "on", current_dir)["on"]
+        return {"tasks": len(tasks), "candidate": float(cand["on"]["overall"]["success"]),
+                "baseline": float(base["overall"]["success"]), "baseline_harness": os.path.basename(current_dir) or "none"}
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, Any]:
@@ -426,7 +461,7 @@ class Loop:
                         **{k: ev.get(k) for k in ("success_seen", "success_held_out", "tasks_seen", "tasks_held_out")}}
                        for name, ev, hv in rows],
             "skipped": [{"stage": k, "reason": v} for k, v in st["skipped"].items()],
-            "harness": [{"round": n.split("/")[0], **{k: v for k, v in st["done"][n].items() if k in ("version", "changes", "failures", "clusters", "skipped")}}
+            "harness": [{"round": n.split("/")[0], **{k: v for k, v in st["done"][n].items() if k in ("version", "changes", "failures", "clusters", "skipped", "gate", "withdrawn")}}
                         for n in st["order"] if n.endswith("/harness")],
             "datasheets": datasheets,
             "training_losses": losses,

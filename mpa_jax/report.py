@@ -20,6 +20,13 @@ th{background:#eef}td:first-child,th:first-child{text-align:left}img{max-width:1
 .note{color:#666;font-style:italic}h2{border-bottom:2px solid #88a;padding-bottom:2px}"""
 
 
+
+def _released(gate: Any) -> str:
+    """The status of a released harness version, with its release-gate figures when it had a gate."""
+    if not gate:
+        return "released"
+    return f"released (gate: {gate['candidate']:.0%} with it vs {gate['baseline']:.0%} without, {gate['tasks']} train tasks)"
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
@@ -158,7 +165,7 @@ def render_report(summary: dict[str, Any], workdir: str) -> str:
     for h in summary.get("harness", []):
         changes = "; ".join(str(c) for c in h.get("changes", [])) or "-"
         top = ", ".join(f"{c['tool']}:{c['error']} x{c['count']}" for c in h.get("clusters", [])[:3]) or "-"
-        hrows.append([h["round"], h.get("version", "none"), changes, h.get("failures", 0), top, h.get("skipped", "") or "released"])
+        hrows.append([h["round"], h.get("version", "none"), changes, h.get("failures", 0), top, h.get("skipped", "") or _released(h.get("gate"))])
     parts.append(_table(["round", "version", "changes", "failures mined", "top clusters", "status"], hrows, "harness") if hrows
                  else "<p class='note'>No rounds run.</p>")
     parts += ["<h2 id='cost'>Cost per 1,000 tasks</h2>", _img(p["cost"], "cost per 1000 tasks")]

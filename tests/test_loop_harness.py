@@ -48,5 +48,34 @@ def test_harness_stage_releases_a_reviewed_version(tmp_path, review):
         manifest = json.loads((tmp_path / "harness" / "versions" / res["version"] / "manifest.json").read_text())
         assert manifest["version"] == res["version"] and manifest["auto_approved"]
         assert res["version_dir"].endswith(res["version"]) and res["changes"]
+        # the release gate ran for real (micro config: 4 train tasks, with vs without the new version)
+        assert res["gate"]["tasks"] == 4 and res["gate"]["candidate"] >= res["gate"]["baseline"]
     else:
         assert res["version"] == "none" and "queued for review" in res["skipped"] and res["queued"] >= 1
+
+
+def test_release_gate_withdraws_a_version_that_lowers_success(tmp_path, monkeypatch):
+    """A released version whose gate figure (success with it, on train tasks) is below the current
+    harness's is withdrawn: CURRENT returns to the parent, the directory is kept as `.withdrawn`, the
+    changelog says why, and the next release reuses the number. The gate's two evaluations are replaced
+    by fixed figures here (the real evaluation runs in test_harness_stage_releases_a_reviewed_version and
+    the micro loop test); what is tested is the decision and the withdrawal, on real files."""
+    from mpa_jax.harness import evolution
+
+    cfg = load_config_file(os.path.join(ROOT, "configs", "micro.py"))
+    cfg.loop.harness_review = "auto"
+    loop = Loop(cfg, str(tmp_path), progress=False)
+    monkeypatch.setattr(loop, "release_gate", lambda *a, **k: {"tasks": 4, "candidate": 0.25, "baseline": 0.5, "baseline_harness": "none"})
+    run_dir = tmp_path / "eval" / "r1" / "off"
+    run_dir.mkdir(parents=True)
+    write_jsonl(str(run_dir / "run0.jsonl"), _episodes())
+    res = loop.harness(1, {"eval_json": str(tmp_path / "eval" / "r1" / "eval.json")}, None)
+    root = tmp_path / "harness"
+    assert res["version"] == "none" and res["withdrawn"] and "withdrawn by the release gate" in res["skipped"]
+    assert (root / "versions" / (res["withdrawn"] + ".withdrawn") / "manifest.json").is_file()
+    assert not (root / "versions" / res["withdrawn"]).exists()
+    assert evolution.current_version(str(root)) != res["withdrawn"]
+    assert f"{res['withdrawn']} withdrawn" in (root / "CHANGELOG.md").read_text()
+    # the stage again (a resumed run): nothing new to release, nothing left to gate
+    again = loop.harness(1, {"eval_json": str(tmp_path / "eval" / "r1" / "eval.json")}, None)
+    assert again["version"] == "none" and not again.get("withdrawn")
