@@ -79,7 +79,6 @@ def test_sft_success_hook_reports_sampled_pass_at_k_next_to_greedy(tmp_path):
     from mpa_jax.tokenizer.template import QWEN3_CHAT_TEMPLATE, render_chat
 
     c = micro_config(vocab=384, hidden=32, layers=1, steps=3, lr=3e-3)
-    c.mesh.data = 1  # one device: the test's 8 virtual devices would only add rendezvous waits
     c.rollout.update(dict(max_turns=2, max_new_tokens=12))
     context.configure(c)
     try:

@@ -68,18 +68,20 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     on_eval = None
     if args.eval_success or args.eval_held_out:
-        from mpa_jax.sft.success import dev_subset, success_eval
+        from mpa_jax.sft.success import dev_subset, pass_ks, success_eval
         from mpa_jax.tokenizer import tokenizer_for_config
 
         if args.eval_split == str(config.oracle.split):
             raise UserError(f"--eval-split {args.eval_split!r} is the split the demonstrations come from")
-        tasks = dev_subset(args.eval_split, args.eval_success, args.eval_held_out, seed=int(config.tasks.seed))
         try:
-            on_eval = success_eval(config, tasks, tokenizer_for_config(config, args.workdir), os.path.join(args.workdir, "success"),
-                                   log=print, samples=max(0, args.eval_samples), ks=tuple(args.eval_pass_k or ()),
-                                   temperature=args.eval_temperature)
+            ks = pass_ks(max(0, args.eval_samples), args.eval_pass_k or ())
         except ValueError as e:
             raise UserError(f"--eval-samples/--eval-pass-k: {e}") from None
+        if args.eval_temperature is not None and args.eval_temperature <= 0:
+            raise UserError(f"--eval-temperature {args.eval_temperature}: must be > 0 (greedy is always reported)")
+        tasks = dev_subset(args.eval_split, args.eval_success, args.eval_held_out, seed=int(config.tasks.seed))
+        on_eval = success_eval(config, tasks, tokenizer_for_config(config, args.workdir), os.path.join(args.workdir, "success"),
+                               log=print, samples=max(0, args.eval_samples), ks=ks, temperature=args.eval_temperature)
     elif args.eval_samples or args.eval_pass_k:
         raise UserError("--eval-samples/--eval-pass-k need --eval-success N and/or --eval-held-out M (the tasks)")
     try:

@@ -121,6 +121,16 @@ def sampled_runs(config: Any, engine: Any, tasks: Sequence[Any], tokenizer: Any,
     return out_path
 
 
+def pass_ks(samples: int, ks: Sequence[int] = ()) -> tuple[int, ...]:
+    """The k values of pass@k for `samples` runs per task (default 1 and `samples`); ValueError when a k is
+    not in 1..samples."""
+    ks = tuple(int(k) for k in ks) or ((1, samples) if samples > 1 else (1,))
+    if samples and (max(ks) > samples or min(ks) < 1):
+        raise ValueError(f"pass@k with k={max(ks) if max(ks) > samples else min(ks)} needs 1 <= k <= samples;"
+                         f" k={max(ks)} needs at least {max(ks)} samples per task, got {samples}")
+    return ks
+
+
 def success_eval(config: Any, tasks: Sequence[Any], tokenizer: Any, out_dir: str,
                  log: Callable[[str], None] | None = None, samples: int = 0, ks: Sequence[int] = (),
                  temperature: float | None = None) -> Callable[[int, Any], dict[str, float]]:
@@ -128,9 +138,7 @@ def success_eval(config: Any, tasks: Sequence[Any], tokenizer: Any, out_dir: str
     `out_dir/step_<n>.jsonl`; returns the success metrics (see `success_metrics`). With `samples` > 0, also
     that many sampled runs per task (`out_dir/step_<n>.sampled.jsonl`) and pass@k for k in `ks` (default:
     1 and `samples`; see `pass_at_k_metrics`)."""
-    ks = tuple(int(k) for k in ks) or ((1, samples) if samples > 1 else (1,))
-    if samples and max(ks) > samples:
-        raise ValueError(f"pass@k with k={max(ks)} needs at least {max(ks)} samples per task, got {samples}")
+    ks = pass_ks(samples, ks)
     import jax
 
     from mpa_jax.rollout.jax_engine import JaxEngine
