@@ -144,7 +144,7 @@ def dp_table(a: argparse.Namespace) -> str:
         lines.append(f"| {row['devices']} | {row['round']} | {1000 * row['median_s']:.0f} | {1000 * row['min_s']:.0f} | "
                      f"{row['rows'] * row['seq_len'] / row['median_s']:,.0f} | {base['median_s'] / row['median_s']:.2f}x |")
     shape = rows[0]
-    return f"SFT step of {a.dp_config}: {shape['rows']} x {shape['seq_len']} tokens, compute {shape['dtype']}\n\n" + "\n".join(lines)
+    return f"SFT step of {os.path.relpath(a.dp_config, ROOT)}: {shape['rows']} x {shape['seq_len']} tokens, compute {shape['dtype']}\n\n" + "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
