@@ -125,9 +125,10 @@ def pass_ks(samples: int, ks: Sequence[int] = ()) -> tuple[int, ...]:
     """The k values of pass@k for `samples` runs per task (default 1 and `samples`); ValueError when a k is
     not in 1..samples."""
     ks = tuple(int(k) for k in ks) or ((1, samples) if samples > 1 else (1,))
-    if samples and (max(ks) > samples or min(ks) < 1):
-        raise ValueError(f"pass@k with k={max(ks) if max(ks) > samples else min(ks)} needs 1 <= k <= samples;"
-                         f" k={max(ks)} needs at least {max(ks)} samples per task, got {samples}")
+    if min(ks) < 1:
+        raise ValueError(f"pass@k needs k >= 1, got k={min(ks)}")
+    if samples and max(ks) > samples:
+        raise ValueError(f"pass@k with k={max(ks)} needs at least {max(ks)} samples per task, got {samples}")
     return ks
 
 
