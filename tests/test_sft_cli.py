@@ -40,3 +40,14 @@ def test_sft_command_bad_input_exits_2(tmp_path):
     bad.write_text('{"task_id": "x"}\n' * 10)
     res = _mpa("sft", "--data", str(bad), "--workdir", str(tmp_path / "r2"), *TINY)
     assert res.returncode == 2 and "line 1" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_sft_pass_k_flags_bad_input_exits_2(tmp_path):
+    """--eval-samples needs success tasks, and k may not exceed the samples: one line each, before training."""
+    data = write_trajectories(str(tmp_path / "d.jsonl"), 40, 256, seed=41)
+    res = _mpa("sft", "--data", data, "--workdir", str(tmp_path / "r"), "--eval-samples", "4", *TINY)
+    assert res.returncode == 2 and "--eval-success" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = _mpa("sft", "--data", data, "--workdir", str(tmp_path / "r2"), "--eval-success", "2", "--eval-samples", "4",
+               "--eval-pass-k", "1", "8", *TINY)
+    assert res.returncode == 2 and "k=8 needs at least 8 samples" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(os.path.join(str(tmp_path / "r2"), "metrics.jsonl"))

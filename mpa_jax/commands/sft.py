@@ -15,6 +15,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " (plus --eval-held-out tasks of held-out templates), logged under eval/success*")
     parser.add_argument("--eval-held-out", type=int, default=0, metavar="M", help="held-out-template dev tasks (with --eval-success)")
     parser.add_argument("--eval-split", default="dev", help="split of the success evaluation (default dev)")
+    parser.add_argument("--eval-samples", type=int, default=0, metavar="N",
+                        help="also N sampled runs per task at every success evaluation: unbiased pass@k next to greedy,"
+                             " logged under eval/pass@<k>* (temperature: --eval-temperature or config.rollout.temperature)")
+    parser.add_argument("--eval-pass-k", type=int, nargs="+", default=None, metavar="K",
+                        help="k values of pass@k (each <= --eval-samples; default 1 and N)")
+    parser.add_argument("--eval-temperature", type=float, default=None, help="sampling temperature of --eval-samples")
     parser.add_argument("--distributed", action="store_true",
                         help="multi-host: call jax.distributed.initialize() (auto-detected on TPU pods, SLURM, Open MPI; "
                              "else give --coordinator/--num-processes/--process-id); run the same command on every host")
@@ -62,14 +68,22 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     on_eval = None
     if args.eval_success or args.eval_held_out:
-        from mpa_jax.sft.success import dev_subset, success_eval
+        from mpa_jax.sft.success import dev_subset, pass_ks, success_eval
         from mpa_jax.tokenizer import tokenizer_for_config
 
         if args.eval_split == str(config.oracle.split):
             raise UserError(f"--eval-split {args.eval_split!r} is the split the demonstrations come from")
+        try:
+            ks = pass_ks(max(0, args.eval_samples), args.eval_pass_k or ())
+        except ValueError as e:
+            raise UserError(f"--eval-samples/--eval-pass-k: {e}") from None
+        if args.eval_temperature is not None and args.eval_temperature <= 0:
+            raise UserError(f"--eval-temperature {args.eval_temperature}: must be > 0 (greedy is always reported)")
         tasks = dev_subset(args.eval_split, args.eval_success, args.eval_held_out, seed=int(config.tasks.seed))
         on_eval = success_eval(config, tasks, tokenizer_for_config(config, args.workdir), os.path.join(args.workdir, "success"),
-                               log=print)
+                               log=print, samples=max(0, args.eval_samples), ks=ks, temperature=args.eval_temperature)
+    elif args.eval_samples or args.eval_pass_k:
+        raise UserError("--eval-samples/--eval-pass-k need --eval-success N and/or --eval-held-out M (the tasks)")
     try:
         result = run_sft(config, args.workdir, data, export=args.export or None, max_steps=args.max_steps, on_eval=on_eval)
     except (DataError, CheckpointError, ValueError) as e:  # bad data, checkpoint or config value: one line
