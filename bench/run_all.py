@@ -159,6 +159,20 @@ def parse_serve(out: str) -> list[Row]:
     return rows
 
 
+def parse_learning_sweep(out: str) -> list[Row]:
+    """The sweep's data-parallel table (what `make bench` runs: the grid cells are experiments for
+    docs/learning.md, not figures): the starter's SFT step on D host devices vs on the round's first count."""
+    rows = []
+    first = {}
+    for d, rnd, ms in re.findall(r"^\| (\d+) \| (\d+) \| (\d+) \| \d+ \| [\d,]+ \| [\d.]+x \|$", out, re.M):
+        if rnd not in first:
+            first[rnd] = (d, float(ms))
+        elif d != first[rnd][0]:
+            rows.append((f"starter SFT step, {d} host devices (data-parallel), round {rnd}", "ms", float(ms),
+                         f"{first[rnd][0]} host device(s)", first[rnd][1], "lower"))
+    return rows
+
+
 def parse_rl_memory(out: str) -> list[Row]:
     """The budgeted RL update's analysed micro-batch size and the process' peak RSS after one update."""
     rows = []
@@ -210,7 +224,7 @@ def parse_bench_rows(out: str) -> list[Row]:
 PARSERS: dict[str, Callable[[str], list[Row]]] = {
     "adb": parse_adb, "context_tokens": parse_context_tokens, "forward": parse_forward, "generate": parse_generate,
     "logprobs_memory": parse_logprobs_memory, "memory": parse_memory, "models_accel": parse_models_accel,
-    "rl_memory": parse_rl_memory, "rl_step": parse_rl_step, "sandbox": parse_sandbox, "scan_compile": parse_scan_compile, "serve": parse_serve,
+    "learning_sweep": parse_learning_sweep, "rl_memory": parse_rl_memory, "rl_step": parse_rl_step, "sandbox": parse_sandbox, "scan_compile": parse_scan_compile, "serve": parse_serve,
     "tool_retrieval": parse_tool_retrieval, "train_step": parse_train_step,
 }
 # `make bench` sizes: each bench's arguments finish in ~1-3 minutes on a 2-core host (docs/perf.md lists them);
@@ -220,6 +234,7 @@ ARGS: dict[str, list[str]] = {
     "forward": ["--steps", "2", "--rounds", "2", "--batch", "4"],
     "generate": ["--repeats", "1", "--new", "32"],
     "memory": ["--tokens", "1m", "--queries", "100", "--dir", "/tmp/mpa_memory_bench_1m"],
+    "learning_sweep": ["--out", "/tmp/mpa_learning_sweep_bench", "--dp", "1", "2", "--dp-steps", "2", "--dp-repeats", "1"],
     "rl_memory": ["--config", "configs/tiny.py", "--layout", "budget", "--episodes", "16", "--min-len", "300", "--max-len", "900"],
     "rl_step": ["--prompt-len", "64", "--completion-len", "16", "--tasks", "4", "--group", "4", "--iters", "1"],
     "sandbox": ["--calls", "20000", "--resets", "1000", "--live", "32", "--rounds", "20"],

@@ -33,6 +33,7 @@ EXPECTED = {
     "context_tokens": ["tokens per oracle episode"],
     "forward": ["fwd+bwd tokens/s"],
     "generate": ["generate greedy", "generate sampled T=1"],
+    "learning_sweep": ["2 host devices (data-parallel)"],
     "logprobs_memory": ["V=151,936", "V=248,320"],
     "memory": ["memory ingest", "memory search p50 (suite questions)", "memory search p50 (random turns)"],
     "models_accel": ["bf16 logits error vs float32, gqa2_untied", "fwd+bwd tokens/s on cpu"],
