@@ -106,6 +106,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.max_turns = 8
     c.rollout.max_new_tokens = 128  # per turn; oracle turns are <= 100 tokens
     c.rollout.max_total_tokens = 4096
+    c.rollout.max_output_errors = 3  # malformed turns (error Feedback each) before an episode ends; 0 = no limit
     c.rollout.temperature = 1.0
     c.rollout.top_p = 1.0
     c.rollout.top_k = -1
@@ -163,7 +164,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.competence_init = 0.0
     c.rl.steps = 20
     c.rl.tasks_per_step = 8
-    c.rl.split = "train"
+    c.rl.split = "train"  # a split, or a tasks JSONL (the loop's RL trains on its constructed tasks: loop.rl_tasks)
     c.rl.templates = ""  # comma-separated task templates to train on; empty = every template of the split
     c.rl.temperature = 1.0  # sampling temperature; learner log-probs use the same (SamplingParams.for_ratios)
     c.rl.ppo_epochs = 1
@@ -172,6 +173,8 @@ def get_config() -> ml_collections.ConfigDict:
     # the step's longest episode (power of two, <= seq_len): compact episodes get 1,024-token rows
     c.rl.tokens_per_micro_batch = 4096  # per data-parallel device and micro-batch (>= seq_len): bounds the update's
     # memory whatever tasks_per_step x group_size; micro-batches (exact gradient accumulation) follow from it
+    c.rl.optimizer = "adamw"  # adamw | sgd (momentum rl.b1)
+    c.rl.negative_scale = 1.0  # factor on negative advantages (failed rollouts); 0 = learn from successes only
     c.rl.lr = 1e-4  # 1e-5 barely moves a 4.2M model trained at 2e-3 (the loop's rounds)
     c.rl.warmup_steps = 0
     c.rl.lr_end_ratio = 1.0  # constant learning rate by default
@@ -183,6 +186,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.async_rollouts = False  # True: step k+1 samples while step k trains (one weight version stale)
     c.rl.max_staleness = 1
     c.rl.checkpoint_every = 5  # RL steps
+    c.rl.save_rollouts = True  # each step's rollouts to <workdir>/rollouts/step_N.jsonl (competence, failure mining)
     c.rl.log_every = 1
 
     # AI for Data (mpa_jax/data): construction, curation, feedback. (issue 18)
@@ -217,9 +221,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.refresh_steps = 40  # SFT steps per round on the curated data so far (0 = none); also the cold start's from a starter
     c.loop.refresh_lr = 1e-4  # fresh AdamW moments on a converged starter (it ended at 2e-4)
     c.loop.rl_steps = 2  # CARE RL steps per round (config.rl.* for the rest); 0 = no RL
-    # learner devices of the loop's RL stage (0 = config.mesh): on CPU one, since each of the 8 forced host
-    # devices holds its own micro-batch at once (the tiny loop's first RL step passed 6 GB RSS on 8)
-    c.loop.rl_learner_devices = 1
+    # RL tasks: "data" = the previous data stage's constructed tasks (fresh instances, weighted by the policy's
+    # competence: groups with both successes and failures), "split" = config.rl.split (the starter's own
+    # training instances: sampled success ~0.9, most groups all-success, so little signal)
+    c.loop.rl_tasks = "data"
+    # learner devices of the loop's SFT and RL stages (0 = config.mesh): on CPU one, since each of the 8 forced
+    # host devices holds its own micro-batch at once (the tiny loop's first RL step passed 6 GB RSS on 8) and
+    # they share the same two cores
+    c.loop.learner_devices = 1
     # Every stage is evaluated on the same tasks of this split: eval_seen of templates seen in training and
     # eval_held_out of held-out templates (the demo's table); both 0 = config.eval.max_tasks stratified tasks.
     c.loop.eval_split = "dev"

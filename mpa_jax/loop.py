@@ -159,10 +159,14 @@ class Loop:
         return self._heldout
 
     # ------------------------------------------------------------------ stages
-    def build_data(self, round_index: int, checkpoint: str | None) -> dict[str, Any]:
-        """Construct gated tasks by the current generation weights, collect, curate, write a datasheet."""
+    def build_data(self, round_index: int, checkpoint: str | None, rl_rollouts: str = "") -> dict[str, Any]:
+        """Construct gated tasks by the current generation weights, collect, curate, write a datasheet.
+
+        The weights come from the policy's competence per cell, measured on fresh probe tasks and on the
+        round's RL rollouts (`rl_rollouts`: their directory; groups of samples on fresh tasks)."""
         from mpa_jax.data import (CurationConfig, TeacherClient, all_keys, collect_oracle, collect_policy, collect_teacher,
                                   competence_from_trajectories, construct_tasks, curate, generation_weights)
+        from mpa_jax.envs import Trajectory, read_jsonl, write_jsonl
 
         cfg, d = self.config, self.config.data
         out_dir = self.path("data", f"r{round_index}")
@@ -175,8 +179,13 @@ class Loop:
             policy_trajs, _ = collect_policy(cfg, checkpoint, probe, workdir=self.workdir, out_path=os.path.join(out_dir, "policy.jsonl"),
                                              label=f"policy r{round_index}", greedy=False, seed=int(cfg.seed) + round_index,
                                              tokenizer=self.tokenizer, progress=self.progress)
-            competence = competence_from_trajectories(policy_trajs)
             trajs += policy_trajs
+            rl_trajs = []
+            if rl_rollouts and os.path.isdir(rl_rollouts):
+                for f in sorted(os.listdir(rl_rollouts)):
+                    if f.endswith(".jsonl"):
+                        rl_trajs += read_jsonl(os.path.join(rl_rollouts, f), Trajectory)
+            competence = competence_from_trajectories(policy_trajs + rl_trajs)
         weights = generation_weights(competence, keys, floor=float(d.weight_floor))
         para = None
         if str(d.teacher_url) and bool(d.paraphrase):
@@ -184,6 +193,11 @@ class Loop:
 
             para = paraphraser(TeacherClient(str(d.teacher_url), model=str(d.teacher_model), temperature=0.7))
         tasks, stats = construct_tasks(int(d.tasks_per_round), weights, round_index=round_index, seed=int(cfg.seed), paraphrase=para)
+        # the constructed tasks (fresh instances, weighted by competence) are also the next RL stage's tasks
+        os.makedirs(out_dir, exist_ok=True)
+        tasks_path = os.path.join(out_dir, "tasks.jsonl")
+        write_jsonl(tasks_path + ".tmp", tasks)
+        os.replace(tasks_path + ".tmp", tasks_path)
         if round_index == 0 and int(cfg.oracle.max_tasks) != 0:
             from mpa_jax.envs import load_tasks
 
@@ -203,7 +217,7 @@ class Loop:
         self.console.print(f"data r{round_index}: {sheet['examples']} examples ({sheet['recovery_traces']} recovery traces), "
                            f"{sheet['failures']} failures kept for harness mining; sources {sheet['sources']}; "
                            f"gate kept {stats.kept}/{stats.draws} draws")
-        return {"path": os.path.join(out_dir, "sft.jsonl"), "datasheet": sheet_path, "examples": sheet["examples"],
+        return {"path": os.path.join(out_dir, "sft.jsonl"), "datasheet": sheet_path, "tasks_path": tasks_path, "constructed": stats.kept, "examples": sheet["examples"],
                 "failures_path": sheet["failures_path"], "weights": weights, "competence": competence,
                 "construct": {"kept": stats.kept, "draws": stats.draws, "rejected": sum(stats.rejected.values())}}
 
@@ -247,10 +261,18 @@ class Loop:
             out[f"success_{key}"] = ok / n if n else None
         return out
 
+    def _learner_mesh(self, cfg: Any) -> None:
+        """`loop.learner_devices` > 0: the SFT and RL stages train data-parallel on that many devices
+        (CPU: the forced host devices share two cores, and each holds its own micro-batch at once)."""
+        learners = int(self.config.loop.get("learner_devices", 0) or 0)
+        if learners > 0:
+            cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert = learners, 1, 1, 1
+
     def sft(self, name: str, data_path: str, init_from: str | None, steps: int, lr: float | None = None) -> dict[str, Any]:
         from mpa_jax.sft import run_sft
 
         cfg = copy.deepcopy(self.config)
+        self._learner_mesh(cfg)
         cfg.sft.steps = int(steps)
         cfg.sft.export_dtype = str(self.config.loop.export_dtype)
         if init_from:
@@ -264,9 +286,11 @@ class Loop:
         return {"export_dir": res.export_dir, "steps": res.steps, "train_loss": res.train_loss, "eval_loss": res.eval_loss,
                 "losses": res.losses, "metrics_path": res.metrics_path, "resumed_from": res.resumed_from}
 
-    def rl(self, round_index: int, checkpoint: str) -> dict[str, Any]:
+    def rl(self, round_index: int, checkpoint: str, tasks_path: str = "") -> dict[str, Any]:
         """CARE RL (`config.rl`) from the current HF model, exported to HF; skipped with the reason
-        when the RL trainer is not in this build or `config.rl.steps` is 0."""
+        when the RL trainer is not in this build or `config.rl.steps` is 0. With `loop.rl_tasks="data"`
+        RL trains on `tasks_path` (the previous data stage's constructed tasks: fresh instances the
+        policy has not been trained on, weighted by its competence), else on `config.rl.split`."""
         ok, why = rl_available()
         if not ok:
             return {"skipped": why, "export_dir": checkpoint}
@@ -274,13 +298,16 @@ class Loop:
         if steps <= 0:
             return {"skipped": "config.loop.rl_steps is 0", "export_dir": checkpoint}
         from mpa_jax.export import export_checkpoint
-        from mpa_jax.rl.trainer import run_rl
+        from mpa_jax.rl.trainer import RLSetupError, run_rl
 
         cfg = copy.deepcopy(self.config)
         cfg.rl.steps = steps
-        learners = int(self.config.loop.get("rl_learner_devices", 0) or 0)
-        if learners > 0:  # CPU: N forced host devices would each hold an update's micro-batch at once
-            cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert = learners, 1, 1, 1
+        source = str(self.config.loop.get("rl_tasks", "split") or "split")
+        if source not in ("data", "split"):
+            raise RLSetupError(f"config.loop.rl_tasks={source!r} must be 'data' or 'split'")
+        if source == "data" and tasks_path and os.path.exists(tasks_path):
+            cfg.rl.split = tasks_path
+        self._learner_mesh(cfg)
         if not str(cfg.tokenizer.get("path", "") or ""):
             cfg.tokenizer.path = self.tokenizer_dir()
         run_dir = self.path(f"r{round_index}", "rl")
@@ -289,6 +316,7 @@ class Loop:
                                tokenizer_dir=self.tokenizer_dir())
         hist = list(res.history)
         return {"export_dir": hf, "steps": int(res.steps), "weight_version": int(res.weight_version),
+                "rollouts_dir": os.path.join(run_dir, "rollouts") if bool(cfg.rl.get("save_rollouts", True)) else "",
                 "metrics_path": res.metrics_path, "resumed_from": res.resumed_from,
                 "history": [{k: float(v) for k, v in h.items() if isinstance(v, (int, float)) and math.isfinite(float(v))} for h in hist]}
 
@@ -386,9 +414,10 @@ class Loop:
 
             context.configure(cfg)
         self.stage("tokenizer", lambda: {"vocab_size": self.tokenizer.vocab_size, "dir": self.tokenizer_dir()})
-        data0 = self.stage("r0/data", lambda: self.build_data(0, None))
-        untrained = self.stage("eval/untrained", lambda: self.evaluate("untrained", None))
         init = str(cfg.model.get("init_from", "") or "")
+        # from a starter, its competence already weights round 0's cells (and so round 1's RL tasks)
+        data0 = self.stage("r0/data", lambda: self.build_data(0, init or None))
+        untrained = self.stage("eval/untrained", lambda: self.evaluate("untrained", None))
         rows = [("untrained", untrained, "none")]
         if init:
             rows.append(("starter", self.stage("eval/starter", lambda: self.evaluate("starter", init)), "none"))
@@ -403,7 +432,7 @@ class Loop:
         datasets = [data0]
         harness_version, harness_dir = "none", ""
         for r in range(1, int(cfg.loop.rounds) + 1):
-            rl = self.stage(f"r{r}/rl", lambda: self.rl(r, current))
+            rl = self.stage(f"r{r}/rl", lambda: self.rl(r, current, data_prev.get("tasks_path", "")))
             current = rl.get("export_dir") or current
             if int(cfg.loop.refresh_steps) > 0:
                 mix = self.mix_data(r, [d["path"] for d in datasets])
@@ -414,7 +443,7 @@ class Loop:
             h = self.stage(f"r{r}/harness", lambda: self.harness(r, ev, data_prev))
             rows.append((f"round {r}", ev, harness_version))
             harness_version, harness_dir = h.get("version", harness_version), h.get("version_dir", harness_dir)
-            data_prev = self.stage(f"r{r}/data", lambda: self.build_data(r, current))
+            data_prev = self.stage(f"r{r}/data", lambda: self.build_data(r, current, rl.get("rollouts_dir", "")))
             datasets.append(data_prev)
         final = self.stage("export", lambda: self.export(current))
         summary = self.summary(rows, final, time.perf_counter() - t0)

@@ -75,6 +75,15 @@ def make_mesh(mesh_cfg: Any, devices: Sequence[Any] | None = None) -> Mesh:
     return Mesh(grid, MESH_AXES)
 
 
+def make_learner_mesh(mesh_cfg: Any) -> Mesh:
+    """`make_mesh` over all devices, except that a mesh with no -1 axis and fewer devices than there are
+    takes the first devices it needs (e.g. one learner device out of 8 forced host devices on CPU)."""
+    sizes = [int(mesh_cfg[a]) for a in MESH_AXES]
+    if -1 not in sizes and math.prod(sizes) < jax.device_count():
+        return make_mesh(mesh_cfg, devices=jax.devices()[: math.prod(sizes)])
+    return make_mesh(mesh_cfg)
+
+
 def _rules_dict(rules: Rules | None) -> dict[str, Any]:
     rules = DEFAULT_RULES if rules is None else rules
     out: dict[str, Any] = {}

@@ -125,6 +125,12 @@ def test_limits_max_turns_max_tokens_and_cut_turns(tok, tasks):
     assert all(s.feedback.error_code == ErrorCode.INVALID_ARGUMENTS and "cut off" in s.feedback.message for s in cut.steps)
     assert summarize([cut])["output_errors"] == {"cut_turn": 2} and cut.costs["malformed_turns"] == 2
 
+    # max_output_errors: the episode ends after that many malformed turns, not at the turn limit
+    cfg = AgentLoopConfig(max_turns=8, max_new_tokens=8, max_output_errors=3)
+    (quit_,) = run_episodes(ScriptedEngine(tok, [long_text]), tok, [task], lambda: make_env("sandbox"), cfg)
+    assert quit_.finish_reason == "output_errors" and quit_.costs["turns"] == 3
+    assert quit_.provenance["output_errors"] == {"cut_turn": 3} and not quit_.infra_failure
+
     prompt_len = cut.loss_mask.index(1)
     cfg = AgentLoopConfig(max_turns=8, max_new_tokens=64, max_total_tokens=prompt_len + 40)
     (short,) = run_episodes(ScriptedEngine(tok, [call]), tok, [task], lambda: make_env("sandbox"), cfg)

@@ -42,9 +42,10 @@ def batches(draw, distinct_costs: bool = False):
 
 
 cfgs = st.builds(
-    lambda algo, lam, lo, width, beta, clip: rl_cfg(algo=algo, lambda_max=lam, c_lo=lo, c_hi=min(1.0, lo + width), beta=beta, adv_clip=clip),
+    lambda algo, lam, lo, width, beta, clip, neg: rl_cfg(algo=algo, lambda_max=lam, c_lo=lo, c_hi=min(1.0, lo + width), beta=beta,
+                                                         adv_clip=clip, negative_scale=neg),
     st.sampled_from(["care", "vanilla"]), st.floats(0.0, 1.0), st.floats(0.0, 0.8), st.floats(0.05, 0.5),
-    st.floats(0.0, 3.0), st.floats(0.5, 10.0),
+    st.floats(0.0, 3.0), st.floats(0.5, 10.0), st.sampled_from([1.0, 0.5, 0.0]),
 )
 
 
@@ -124,11 +125,30 @@ def test_cost_normalised_within_key_over_successes_only():
     np.testing.assert_allclose(r, [1.5, 0.5, 1.5, 0.5, 0.0])
 
 
+def test_negative_scale_damps_failures_only():
+    b = dict(success=np.array([True, False, False, True, False]), cost=np.array([10.0, 20.0, 30.0, 5.0, 5.0]),
+             group=np.array([0, 0, 0, 1, 1]), key=np.array([0, 0, 0, 1, 1]), competence=np.full(5, 0.5))
+    full = care.advantages(**b, cfg=rl_cfg(algo="vanilla"))
+    half = care.advantages(**b, cfg=rl_cfg(algo="vanilla", negative_scale=0.5))
+    none = care.advantages(**b, cfg=rl_cfg(algo="vanilla", negative_scale=0.0))
+    assert np.all(full[~b["success"]] < 0) and np.all(full[b["success"]] > 0)
+    np.testing.assert_allclose(half, np.where(full < 0, full / 2, full))
+    np.testing.assert_array_equal(none, np.where(full < 0, 0.0, full))
+    # CARE: a costly success below the group mean stays above the (damped) failures
+    costly = dict(b, success=np.array([True, True, False, True, False]), cost=np.array([10.0, 900.0, 0.0, 5.0, 5.0]))
+    adv = care.advantages(**costly, cfg=rl_cfg(algo="care", lambda_max=1.0, c_lo=0.0, c_hi=0.1, negative_scale=0.0))
+    assert adv[1] < 0 and adv[2] < adv[1]
+    with pytest.raises(ValueError, match="config.rl.negative_scale"):
+        care.check_rl_config(rl_cfg(negative_scale=1.5))
+
+
 def test_bad_config_and_inputs_name_the_problem():
     with pytest.raises(ValueError, match="config.rl.algo"):
         care.advantages(success=[True], cost=[1.0], group=[0], key=[0], competence=[0.0], cfg=rl_cfg(algo="ppo"))
     with pytest.raises(ValueError, match="lambda_max"):
         care.check_rl_config(rl_cfg(lambda_max=2.0))
+    with pytest.raises(ValueError, match="config.rl.optimizer"):
+        care.check_rl_config(rl_cfg(optimizer="adam"))
     with pytest.raises(ValueError, match="cost has shape"):
         care.advantages(success=[True, False], cost=[1.0], group=[0, 0], key=[0, 0], competence=[0.0, 0.0], cfg=rl_cfg())
 

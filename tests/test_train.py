@@ -134,6 +134,23 @@ def test_schedule_warms_up_then_decays_and_clipping_and_decay_mask():
     assert float(jnp.abs(updates["w"]).max()) > 0
 
 
+def test_sgd_follows_the_gradient_where_adamw_moves_every_weight():
+    """RL's `rl.optimizer="sgd"`: the first step is -lr * (clipped gradient + decay on matrices), so a
+    weight with a tiny gradient barely moves; AdamW's first step is about -lr for every weight."""
+    params = {"w": jnp.ones((2, 2)), "scale": jnp.ones((2,))}
+    grads = {"w": jnp.asarray([[0.3, 1e-6], [0.0, -0.4]]), "scale": jnp.asarray([1e-6, 0.0])}
+    sgd, _ = optlib.make_optimizer(lr=0.5, warmup_steps=0, total_steps=10, weight_decay=0.1, clip_norm=1.0, b1=0.9,
+                                   end_ratio=1.0, kind="sgd")
+    up, _ = sgd.update(grads, sgd.init(params), params)
+    np.testing.assert_allclose(np.asarray(up["w"]), -0.5 * (np.asarray(grads["w"]) + 0.1), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(up["scale"]), -0.5 * np.asarray(grads["scale"]), rtol=1e-6)
+    adam, _ = optlib.make_optimizer(lr=0.5, warmup_steps=0, total_steps=10, end_ratio=1.0)
+    up, _ = adam.update(grads, adam.init(params), params)
+    assert abs(float(up["w"][0, 1])) > 0.4  # a 1e-6 gradient moves the weight by ~lr
+    with pytest.raises(ValueError, match="optimizer must be"):
+        optlib.make_optimizer(lr=0.1, warmup_steps=0, total_steps=10, kind="lion")
+
+
 def test_bfloat16_compute_keeps_float32_master_weights():
     config = _config()
     config.model.compute_dtype = "bfloat16"

@@ -52,6 +52,12 @@ def check_rl_config(cfg: Any) -> None:
     a = float(cfg.competence_ema)
     if not (0.0 < a <= 1.0):
         raise ValueError(f"config.rl.competence_ema={a} must be in (0, 1]")
+    neg = float(cfg.get("negative_scale", 1.0))
+    if not (0.0 <= neg <= 1.0):
+        raise ValueError(f"config.rl.negative_scale={neg} must be in [0, 1]")
+    opt = str(cfg.get("optimizer", "adamw"))
+    if opt not in ("adamw", "sgd"):
+        raise ValueError(f"config.rl.optimizer must be 'adamw' or 'sgd', got {opt!r}")
 
 
 def lambda_schedule(c: np.ndarray | float, cfg: Any) -> np.ndarray:
@@ -117,6 +123,7 @@ def advantages(*, success, cost, group, key, competence, cfg: Any) -> np.ndarray
     success, cost, group, key, competence = _check_inputs(success, cost, group, key, competence)
     care = str(cfg.algo) == "care"
     r = rewards(success=success, cost=cost, key=key, competence=competence, cfg=cfg)
+    neg_scale = float(cfg.get("negative_scale", 1.0))
     adv = np.zeros(r.shape, np.float64)
     for g in np.unique(group):
         sel = group == g
@@ -125,12 +132,31 @@ def advantages(*, success, cost, group, key, competence, cfg: Any) -> np.ndarray
         if std <= 1e-12 * max(1.0, float(np.abs(rg).max())):
             continue  # no variance: no signal (zeros)
         adv[sel] = (rg - rg.mean()) / (std + _EPS)
+        if neg_scale < 1.0:
+            adv[sel] = _damp_failures(adv[sel], success[sel], neg_scale)
     if care:
         amp = 1.0 + float(cfg.beta) * (1.0 - np.clip(competence, 0.0, 1.0))
         adv = np.where(success & (adv > 0), adv * amp, adv)
         clip = float(cfg.adv_clip)
         adv = clip * np.tanh(adv / clip)
     return adv
+
+
+def _damp_failures(adv: np.ndarray, success: np.ndarray, scale: float) -> np.ndarray:
+    """One group's failure advantages pulled towards min(0, lowest success advantage) by `scale`.
+
+    Why: a failure's whole sequence is pushed down, its correct formatting and the steps after its one
+    mistake included, which a small model generalises into broken replies elsewhere; `scale` 0 learns
+    from the group's successes only (advantage-weighted rejection sampling). The anchor sits just
+    under the lowest success so that every success still outranks every failure (CARE's costly
+    successes can be below the group mean)."""
+    if not success.any() or success.all():
+        return adv
+    anchor = min(0.0, float(adv[success].min()) - 1e-6)
+    fail = ~success
+    out = adv.copy()
+    out[fail] = np.where(adv[fail] < anchor, anchor + scale * (adv[fail] - anchor), adv[fail])
+    return out
 
 
 def zero_variance_groups(group: np.ndarray, adv: np.ndarray) -> int:

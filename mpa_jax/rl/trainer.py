@@ -140,24 +140,16 @@ def _load_init(config: Any, init: str | None, workdir: str) -> tuple[models.Mode
     return cfg, jax.device_get(model.params), hf_dir
 
 
-def _learner_mesh(config: Any):
-    """The mesh of `config.mesh`; a mesh with no -1 axis takes the first devices it needs (a subset)."""
-    sizes = [int(config.mesh[a]) for a in sharding.MESH_AXES]
-    if -1 not in sizes and math.prod(sizes) < jax.device_count():
-        return sharding.make_mesh(config.mesh, devices=jax.devices()[: math.prod(sizes)])
-    return sharding.make_mesh(config.mesh)
-
-
 def make_rl_optimizer(rl: Any, total_updates: int):
     return optlib.make_optimizer(
         lr=float(rl.lr), warmup_steps=int(rl.warmup_steps), total_steps=max(1, int(total_updates)),
         weight_decay=float(rl.weight_decay), clip_norm=float(rl.clip_norm), b1=float(rl.b1), b2=float(rl.b2),
-        end_ratio=float(rl.get("lr_end_ratio", 1.0)),
+        end_ratio=float(rl.get("lr_end_ratio", 1.0)), kind=str(rl.get("optimizer", "adamw")),
     )
 
 
 def _opt_key(rl: Any, total_updates: int) -> tuple:
-    return tuple((k, rl.get(k, None)) for k in ("lr", "warmup_steps", "weight_decay", "clip_norm", "b1", "b2", "lr_end_ratio")) + (
+    return tuple((k, rl.get(k, None)) for k in ("optimizer", "lr", "warmup_steps", "weight_decay", "clip_norm", "b1", "b2", "lr_end_ratio")) + (
         ("total", int(total_updates)),)
 
 
@@ -305,7 +297,7 @@ def run_rl(
     templates = sorted({t.template for t in tasks})
     key_id = {k: i for i, k in enumerate(templates)}
 
-    mesh = _learner_mesh(config)
+    mesh = sharding.make_learner_mesh(config.mesh)
     rules = sharding.rules_from_config(config)
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     replicated = NamedSharding(mesh, P())
@@ -398,6 +390,8 @@ def run_rl(
             dropped_total += dropped
             metrics["rl/infra_dropped_total"] = float(dropped_total)
             done = step + 1
+            if bool(rl.get("save_rollouts", True)):
+                _save_rollouts(workdir, done, rollouts)
             writer.write(done, metrics)
             history.append({"step": float(done), **metrics})
             if progress:
@@ -460,6 +454,17 @@ def _collect(config, step, engine, tokenizer, cursor, env_factory, step_tasks=No
         step_tasks = cursor.draw(int(config.rl.tasks_per_step))
     trajs, groups, dropped = run_group_rollouts(engine, tokenizer, step_tasks, config, step, env_factory)
     return _Rollouts(step, list(step_tasks), trajs, groups, dropped, time.perf_counter() - t0)
+
+
+def _save_rollouts(workdir: str, step: int, rollouts: "_Rollouts") -> None:
+    """The step's verified rollouts as `<workdir>/rollouts/step_NNNNNN.jsonl` (rewritten when a resumed run
+    repeats the step): per-cell competence for the next round's data and failure traces for the harness."""
+    from mpa_jax.envs.contract import write_jsonl
+
+    out = os.path.join(workdir, "rollouts", f"step_{step:06d}.jsonl")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    write_jsonl(out + ".tmp", rollouts.trajs)
+    os.replace(out + ".tmp", out)
 
 
 def _wait(future):

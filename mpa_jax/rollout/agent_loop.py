@@ -19,6 +19,8 @@ What ends an episode (Trajectory.finish_reason):
   would not fit is kept in `steps` and `messages` but not in the tokens, so
   `len(tokens) <= max_total_tokens` always, except for an episode whose first prompt alone leaves
   no room: it ends at once as "infra" holding just that prompt).
+- "output_errors": `max_output_errors` (> 0) malformed turns were answered with error Feedback (below);
+  a model that cannot form a reply stops spending tokens on the task.
 - "infra": the env answered INFRA/TIMEOUT, raised, or the engine failed (an error, an abort, or a
   token id the tokenizer cannot decode); `infra_failure` is set and the Verification carries
   `infra_error` (DESIGN §7: such episodes never become rewards).
@@ -73,6 +75,7 @@ class AgentLoopConfig:
     env_kind: str = "sandbox"
     planner: str = "policy"
     harness_version: str = "none"
+    max_output_errors: int = 0  # end the episode after this many malformed turns; 0 = only the turn/token limits
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_total_tokens", "batch_size"):
@@ -91,6 +94,7 @@ class AgentLoopConfig:
             top_k=int(rollout_cfg.top_k),
             batch_size=int(rollout_cfg.batch_size),
             seed=int(seed),
+            max_output_errors=int(rollout_cfg.get("max_output_errors", 0) or 0),
         )
         kw.update(overrides)
         return cls(**kw)
@@ -325,6 +329,9 @@ def _after_generate(
         # The raw text (not a parsed message): what was sampled is what the chat holds.
         session.messages[-1] = {"role": "assistant", "content": _strip_end(text)}
         new_messages = [feedback_to_message(fb)]
+        if cfg.max_output_errors > 0 and sum(ep.output_errors.values()) >= cfg.max_output_errors:
+            ep.finish_reason = "output_errors"
+            return True
     elif parsed.calls:
         # tool_call_to_action also maps a `delegate` call to a delegate Action (envs/render.py).
         actions = [

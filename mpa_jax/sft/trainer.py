@@ -139,7 +139,7 @@ def run_sft(
 
     cfg, init_from = _model_and_params_source(config)
     rules = sharding.rules_from_config(config)
-    mesh = sharding.make_mesh(config.mesh)
+    mesh = sharding.make_learner_mesh(config.mesh)
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     dp = math.prod(mesh.shape[a] for a in _spec_axes(row_shard))
     if (num_rows // micro) % dp:

@@ -44,13 +44,26 @@ def make_optimizer(
     b2: float = 0.95,
     eps: float = 1e-8,
     end_ratio: float = 0.1,
+    kind: str = "adamw",
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW (+ clipping when `clip_norm` > 0) and its schedule; the schedule is returned for logging."""
+    """AdamW, or SGD with momentum `b1` (`kind="sgd"`), with decoupled weight decay on matrices (+ clipping
+    when `clip_norm` > 0) and its schedule; the schedule is returned for logging.
+
+    SGD is for fine-tuning a converged model on noisy gradients (RL): AdamW with fresh moments moves every
+    parameter by about `lr` on its first steps whatever its gradient (m / sqrt(v) is +-1), i.e. sign
+    noise over the whole model, while an SGD step follows the gradient's own size and direction."""
     schedule = lr_schedule(lr, warmup_steps, total_steps, end_ratio)
     parts = []
     if clip_norm and clip_norm > 0:
         parts.append(optax.clip_by_global_norm(clip_norm))
-    parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask))
+    if kind == "adamw":
+        parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask))
+    elif kind == "sgd":
+        if weight_decay:
+            parts.append(optax.masked(optax.add_decayed_weights(weight_decay), _decay_mask))
+        parts.append(optax.sgd(schedule, momentum=b1 or None))
+    else:
+        raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {kind!r}")
     return optax.chain(*parts), schedule
 
 
