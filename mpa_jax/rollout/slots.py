@@ -94,14 +94,17 @@ class Update:
 
 @dataclasses.dataclass(eq=False)
 class SlotRequest:
-    """One row to generate. `on_update` is called from the loop's thread; set `cancelled` to end it early
-    (its result then carries the tokens so far with finish_reason "length")."""
+    """One row to generate. `on_update` is called from the loop's thread (after every chunk with the new
+    tokens when `updates`, else once with the result: what a non-streamed answer needs, and no per-chunk
+    hand-off to the consumer's event loop); set `cancelled` to end it early (its result then carries the
+    tokens so far with finish_reason "length")."""
 
     prompt: list[int]
     params: SamplingParams
     seed: int
     top_logprobs: int
     on_update: Callable[[Update], None]
+    updates: bool = True
     cancelled: bool = False
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -135,6 +138,7 @@ class SlotDecoder:
         mesh = getattr(engine, "_replica_mesh", None)
         from jax.sharding import NamedSharding, PartitionSpec
 
+        self._mesh = mesh  # programs run per replica under shard_map over it (None: one device)
         if mesh is not None:
             self._rows = NamedSharding(mesh, PartitionSpec("replica"))
             self._repl = NamedSharding(mesh, PartitionSpec())
@@ -191,20 +195,27 @@ class SlotDecoder:
         return _prompt_bucket(prompt_len, self.min_prompt_bucket) + max_new <= self.max_len
 
     def prefill(self, prompts: list[list[int]], slot_ids: list[int]) -> None:
-        """Write `prompts` into slots `slot_ids` (up to max_prefill at once; the caller splits)."""
-        nb = _coarse(len(prompts), self.max_prefill)
+        """Write `prompts` into slots `slot_ids` (up to max_prefill per replica at once; the caller splits).
+
+        Each replica prefills only the prompts of its own slots ([R, nb, P], split over the replicas),
+        so a prompt costs one device's work, not every replica's."""
+        r = self.replicas
+        rep = [s % r for s in slot_ids]
+        nb = _coarse(max(rep.count(k) for k in range(r)), self.max_prefill)
         p_len = _prompt_bucket(max(len(p) for p in prompts), self.min_prompt_bucket)
-        ids = np.zeros((nb, p_len), np.int32)
-        mask = np.zeros((nb, p_len), np.int32)
-        mask[:, -1] = 1  # filler rows: one real token so their attention is well defined
-        for r, p in enumerate(prompts):
-            ids[r, p_len - len(p):] = p
-            mask[r, p_len - len(p):] = 1
-        where = np.full((2, nb), self.replicas, np.int32)  # out of range: dropped by the scatter
-        where[0, : len(slot_ids)] = np.asarray(slot_ids) % self.replicas
-        where[1, : len(slot_ids)] = np.asarray(slot_ids) // self.replicas
-        program = _jitted_prefill(self.cfg, self.max_len, self.engine.cache_dtype, self._rows)
-        put = functools.partial(jax.device_put, device=self._repl)
+        ids = np.zeros((r, nb, p_len), np.int32)
+        mask = np.zeros((r, nb, p_len), np.int32)
+        mask[:, :, -1] = 1  # filler rows: one real token so their attention is well defined
+        where = np.full((r, nb), self.per_replica, np.int32)  # out of range: dropped by the scatter
+        fill = [0] * r
+        for p, s in zip(prompts, slot_ids):
+            k, j = s % r, fill[s % r]
+            fill[k] += 1
+            ids[k, j, p_len - len(p):] = p
+            mask[k, j, p_len - len(p):] = 1
+            where[k, j] = s // r
+        program = _jitted_prefill(self.cfg, self.max_len, self.engine.cache_dtype, self._mesh)
+        put = functools.partial(jax.device_put, device=self._rows)
         self.state, self.logits = program(self.params(), self.state, self.logits, put(ids), put(mask), put(where))
         self.prefills += 1
 
@@ -225,9 +236,12 @@ class SlotDecoder:
             full[:, :width] = a
             return np.swapaxes(full, 0, 1).reshape((self.slots,) + a.shape[2:])
 
-        program = _jitted_chunk(self.cfg, self.vocab_limit, self.chunk, greedy, filtered, n_top, width, self._rows)
-        rows = [jax.device_put(np.ascontiguousarray(to_dev(a)), self._rows)
-                for a in (pos, t, live, seeds, temperature, top_k, top_p, max_new, stops)]
+        program = _jitted_chunk(self.cfg, self.vocab_limit, self.chunk, greedy, filtered, n_top, width, self._mesh)
+        # Two host->device transfers per chunk (ints, floats), not one per knob: each is a round trip per replica.
+        ints = np.concatenate([np.stack([pos, t, live, seeds.view(np.int32), top_k, max_new], axis=1).astype(np.int32),
+                               stops.astype(np.int32)], axis=1)
+        floats = np.stack([temperature, top_p], axis=1).astype(np.float32)
+        rows = [jax.device_put(np.ascontiguousarray(to_dev(a)), self._rows) for a in (ints, floats)]
         self.state, self.logits, *outs = program(self.params(), self.state, self.logits, *rows)
         self.steps += 1
         return tuple(to_host(np.asarray(x)) for x in jax.device_get(outs))
@@ -238,9 +252,23 @@ def _jitted_decode_params(cfg: models.ModelConfig):
     return jax.jit(functools.partial(models.decode_params, cfg))
 
 
+def _per_replica(fn: Callable, mesh: Any, n_args: int) -> Callable:
+    """`fn` over [R, ...] arrays: as it is on one device (R = 1), else under `shard_map` so that each
+    replica runs its own rows as a one-device program (no SPMD partitioning of a decode step, no
+    communication), as `JaxEngine` does; the first argument (weights) is replicated."""
+    if mesh is None:
+        return fn
+    from jax.sharding import PartitionSpec as P
+
+    rows = P("replica")
+    return jax.shard_map(fn, mesh=mesh, in_specs=(P(),) + (rows,) * (n_args - 1), out_specs=rows, check_vma=False)
+
+
 @functools.lru_cache(maxsize=None)
-def _jitted_prefill(cfg: models.ModelConfig, max_len: int, cache_dtype: str | None, rows: Any):
+def _jitted_prefill(cfg: models.ModelConfig, max_len: int, cache_dtype: str | None, mesh: Any):
     def prefill(params, state, logits, ids, mask, where):
+        # One replica's view: state [1, per, ...], ids/mask [1, nb, P], where [1, nb] (slot within the replica).
+        ids, mask, where = ids[0], mask[0], where[0]
         nb, p_len = ids.shape
         st = models.init_decode_state(cfg, nb, max_len, cache_dtype)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
@@ -250,32 +278,33 @@ def _jitted_prefill(cfg: models.ModelConfig, max_len: int, cache_dtype: str | No
 
         def put(big, new):
             new = jnp.broadcast_to(new, (nb,)) if new.ndim == 0 else new[:, None]
-            return big.at[where[0], where[1]].set(new.astype(big.dtype), mode="drop")
+            return big.at[0, where].set(new.astype(big.dtype), mode="drop")
 
-        state = jax.tree.map(put, state, st)
-        logits = logits.at[where[0], where[1]].set(lg[:, 0], mode="drop")
-        return jax.lax.with_sharding_constraint(state, rows), jax.lax.with_sharding_constraint(logits, rows)
+        return jax.tree.map(put, state, st), logits.at[0, where].set(lg[:, 0], mode="drop")
 
-    return jax.jit(prefill, donate_argnums=(1, 2))
+    return jax.jit(_per_replica(prefill, mesh, 6), donate_argnums=(1, 2))
 
 
 @functools.lru_cache(maxsize=None)
 def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy: bool, filtered: bool, n_top: int,
-                  width: int, rows: Any):
+                  width: int, mesh: Any):
     def step_one(params, state, tok, pos, live):
         lg, st = models.decode(cfg, params, tok[None, None], pos[None, None], state, live[None, None].astype(jnp.int32))
         return lg[0, 0], st
 
     step_all = jax.vmap(step_one, in_axes=(None, 0, 0, 0, 0))
 
-    def run(params, full_state, full_logits, *per_slot):
-        # [R, width, ...] -> [R * width, ...]: the slots of this chunk as one batch.
+    def run(params, full_state, full_logits, ints, floats):
+        # [R, width, ...] -> [R * width, ...]: the slots of this chunk as one batch (R = 1 per replica).
         r = full_logits.shape[0]
         flat = lambda x: x.reshape((r * width,) + x.shape[2:])  # noqa: E731
         full = width == full_logits.shape[1]  # no prefix to cut out (and no copy of the caches)
         state = jax.tree.map(lambda x: flat(x if full else x[:, :width]), full_state)
         logits = flat(full_logits if full else full_logits[:, :width])
-        pos, t, live, seeds, temperature, top_k, top_p, max_new, stops = map(flat, per_slot)
+        ints, floats = flat(ints), flat(floats)
+        pos, t, live, top_k, max_new = ints[:, 0], ints[:, 1], ints[:, 2] != 0, ints[:, 4], ints[:, 5]
+        seeds, stops = jax.lax.bitcast_convert_type(ints[:, 3], jnp.uint32), ints[:, 6:]
+        temperature, top_p = floats[:, 0], floats[:, 1]
         s = r * width
         keys = jax.vmap(jax.random.key)(seeds)
         toks = jnp.zeros((s, chunk), jnp.int32)
@@ -310,11 +339,9 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
         else:
             state = jax.tree.map(lambda big, new: big.at[:, :width].set(unflat(new)), full_state, carry[0])
             logits = full_logits.at[:, :width].set(unflat(carry[1]))
-        state = jax.lax.with_sharding_constraint(state, rows)
-        logits = jax.lax.with_sharding_constraint(logits, rows)
         return (state, logits, *(unflat(x) for x in (carry[6], carry[7], carry[8], carry[4], carry[5], *carry[9:])))
 
-    return jax.jit(run, donate_argnums=(1, 2))
+    return jax.jit(_per_replica(run, mesh, 5), donate_argnums=(1, 2))
 
 
 class SlotLoop:
@@ -479,8 +506,8 @@ class SlotLoop:
             if req is None:
                 continue
             k = int(emitted[s].sum())
-            new_t = [int(x) for x in toks[s, :k]]
-            new_lp = [float(x) for x in lps[s, :k]]
+            new_t = toks[s, :k].tolist()
+            new_lp = lps[s, :k].tolist()
             new_top = None
             if req.top_logprobs:
                 new_top = [[(int(i), float(v)) for i, v in zip(tops[0][s, j, : req.top_logprobs], tops[1][s, j, : req.top_logprobs])]
@@ -496,7 +523,7 @@ class SlotLoop:
                 self._slot[s] = None
                 self._live[s] = False
                 self._finish(req, self._result(req, "stop" if bool(stopped[s]) else "length"), new=(new_t, new_lp, new_top))
-            elif k:
+            elif k and req.updates:
                 try:
                     req.on_update(Update(new_t, new_lp, new_top))
                 except Exception:  # noqa: BLE001
