@@ -115,7 +115,7 @@ class SlotDecoder:
     """Device state and programs for `slots` rows of up to `max_len` tokens each (see the module docstring)."""
 
     def __init__(self, engine: Any, slots: int, max_len: int, chunk: int = 4, min_prompt_bucket: int = 16,
-                 max_prefill: int = 16) -> None:
+                 max_prefill: int = 16, long_chunk: int | None = None) -> None:
         reason = slot_support(engine)
         if reason is not None:
             raise ValueError(f"SlotDecoder: {reason}")
@@ -132,6 +132,10 @@ class SlotDecoder:
         self.slots = self.per_replica * self.replicas
         self.max_len = min(int(max_len), int(self.cfg.max_position_embeddings))
         self.chunk = int(chunk)
+        # Steps per chunk when nobody waits and no running slot can finish on its budget inside it:
+        # fewer host round trips per token (each one a sync of every replica) when admission cannot
+        # be delayed by it except for a request arriving mid-chunk.
+        self.long_chunk = max(int(long_chunk) if long_chunk is not None else 4 * self.chunk, self.chunk)
         self.min_prompt_bucket = int(min_prompt_bucket)
         self.max_prefill = _bucket(max_prefill)
         self.vocab_limit = int(engine.vocab_limit)
@@ -148,11 +152,17 @@ class SlotDecoder:
         self._params_version: str | None = None
         self._src: Any = None
         self._dparams = None
-        state1 = jax.eval_shape(lambda: models.init_decode_state(self.cfg, 1, self.max_len, engine.cache_dtype))
-        lead = (self.replicas, self.per_replica)
-        self.state = jax.tree.map(lambda s: jnp.zeros(lead + s.shape, s.dtype), state1)
+        # One batched cache per replica ([R, per, ...]: every slot's row), written as a ring: every step
+        # writes column `head` of every row (the engine's in-place one-column update, not a per-row
+        # scatter), then head += 1 mod max_len. A prompt is placed in the columns just behind the head
+        # when it is admitted, so a slot's tokens are contiguous (mod max_len) and the head cannot reach
+        # its prompt again before prompt bucket + max_new columns were written (`fits`).
+        state = jax.eval_shape(lambda: models.init_decode_state(self.cfg, self.per_replica, self.max_len, engine.cache_dtype))
+        state = {"layers": state["layers"], "kv_mask": state["kv_mask"]}
+        self.state = jax.tree.map(lambda s: jnp.zeros((self.replicas,) + s.shape, s.dtype), state)
         self.state = jax.device_put(self.state, self._rows)
-        self.logits = jax.device_put(jnp.zeros(lead + (self.cfg.vocab_size,), jnp.float32), self._rows)
+        self.logits = jax.device_put(jnp.zeros((self.replicas, self.per_replica, self.cfg.vocab_size), jnp.float32), self._rows)
+        self.head = 0  # the ring's next write column (host copy; every chunk advances it by `chunk`)
         self.prefills = 0  # prefill program calls
         self.steps = 0  # decode chunk calls
 
@@ -183,9 +193,10 @@ class SlotDecoder:
         while True:
             live = np.zeros((s,), bool)
             live[: w * self.replicas] = True
-            self.decode(z(np.int32, 1), z(np.int32), live, z(np.uint32), z(np.float32, 0.0 if greedy else 1.0),
-                        z(np.int32, -1), z(np.float32, 1.0), z(np.int32, 1), np.full((s, 4), -1, np.int32),
-                        greedy=greedy, filtered=filtered, n_top=n_top)
+            for steps in sorted({self.chunk, self.long_chunk}):
+                self.decode(z(np.int32, 1), z(np.int32), live, z(np.uint32), z(np.float32, 0.0 if greedy else 1.0),
+                            z(np.int32, -1), z(np.float32, 1.0), z(np.int32, 1), np.full((s, 4), -1, np.int32),
+                            greedy=greedy, filtered=filtered, n_top=n_top, steps=steps)
             if w >= self.per_replica:
                 break
             w = min(w * 4, self.per_replica)
@@ -216,12 +227,13 @@ class SlotDecoder:
             where[k, j] = s // r
         program = _jitted_prefill(self.cfg, self.max_len, self.engine.cache_dtype, self._mesh)
         put = functools.partial(jax.device_put, device=self._rows)
-        self.state, self.logits = program(self.params(), self.state, self.logits, put(ids), put(mask), put(where))
+        head = np.full((r,), self.head, np.int32)
+        self.state, self.logits = program(self.params(), self.state, self.logits, put(ids), put(mask), put(where), put(head))
         self.prefills += 1
 
     def decode(self, pos: np.ndarray, t: np.ndarray, live: np.ndarray, seeds: np.ndarray, temperature: np.ndarray,
                top_k: np.ndarray, top_p: np.ndarray, max_new: np.ndarray, stops: np.ndarray, *, greedy: bool,
-               filtered: bool, n_top: int) -> tuple[np.ndarray, ...]:
+               filtered: bool, n_top: int, steps: int | None = None) -> tuple[np.ndarray, ...]:
         """One chunk over the slots below the highest live one. Per-slot host arrays [S, ...] in slot order;
         returns numpy in slot order (tokens [S, chunk], log-probs, emitted [S, chunk], live [S], stopped
         [S], top ids, top log-probs); slots past the width come back as not emitted."""
@@ -236,13 +248,16 @@ class SlotDecoder:
             full[:, :width] = a
             return np.swapaxes(full, 0, 1).reshape((self.slots,) + a.shape[2:])
 
-        program = _jitted_chunk(self.cfg, self.vocab_limit, self.chunk, greedy, filtered, n_top, width, self._mesh)
+        steps = self.chunk if steps is None else int(steps)
+        program = _jitted_chunk(self.cfg, self.vocab_limit, steps, greedy, filtered, n_top, width, self._mesh)
         # Two host->device transfers per chunk (ints, floats), not one per knob: each is a round trip per replica.
         ints = np.concatenate([np.stack([pos, t, live, seeds.view(np.int32), top_k, max_new], axis=1).astype(np.int32),
                                stops.astype(np.int32)], axis=1)
         floats = np.stack([temperature, top_p], axis=1).astype(np.float32)
         rows = [jax.device_put(np.ascontiguousarray(to_dev(a)), self._rows) for a in (ints, floats)]
-        self.state, self.logits, *outs = program(self.params(), self.state, self.logits, *rows)
+        head = jax.device_put(np.full((r,), self.head, np.int32), self._rows)
+        self.state, self.logits, *outs = program(self.params(), self.state, self.logits, *rows, head)
+        self.head = (self.head + steps) % self.max_len
         self.steps += 1
         return tuple(to_host(np.asarray(x)) for x in jax.device_get(outs))
 
@@ -266,35 +281,64 @@ def _per_replica(fn: Callable, mesh: Any, n_args: int) -> Callable:
 
 @functools.lru_cache(maxsize=None)
 def _jitted_prefill(cfg: models.ModelConfig, max_len: int, cache_dtype: str | None, mesh: Any):
-    def prefill(params, state, logits, ids, mask, where):
-        # One replica's view: state [1, per, ...], ids/mask [1, nb, P], where [1, nb] (slot within the replica).
-        ids, mask, where = ids[0], mask[0], where[0]
+    def prefill(params, state, logits, ids, mask, where, head):
+        # One replica's view: state [1, per, ...], ids/mask [1, nb, P], where [1, nb] (slot within the
+        # replica), head [1]. The prompt's keys/values go in the P ring columns just behind the head.
+        ids, mask, where, g = ids[0], mask[0], where[0], head[0]
         nb, p_len = ids.shape
-        st = models.init_decode_state(cfg, nb, max_len, cache_dtype)
+        st = models.init_decode_state(cfg, nb, p_len, cache_dtype)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
         # All but the last column first: their logits are dead code, so XLA drops the unembedding.
         _, st = models.decode(cfg, params, ids[:, :-1], positions[:, :-1], st, mask[:, :-1])
         lg, st = models.decode(cfg, params, ids[:, -1:], positions[:, -1:], st, mask[:, -1:])
 
-        def put(big, new):
-            new = jnp.broadcast_to(new, (nb,)) if new.ndim == 0 else new[:, None]
+        def place(big, new, axis):  # [nb, ..., P at axis] -> columns [g - P, g) mod max_len of rows `where`
+            pad = [(0, 0)] * new.ndim
+            pad[axis] = (max_len - p_len, 0)
+            new = jnp.roll(jnp.pad(new, pad), g, axis=axis)
             return big.at[0, where].set(new.astype(big.dtype), mode="drop")
 
-        return jax.tree.map(put, state, st), logits.at[0, where].set(lg[:, 0], mode="drop")
+        layers_ = {n: {"k": place(c["k"], st["layers"][n]["k"], 3), "v": place(c["v"], st["layers"][n]["v"], 2)}
+                   for n, c in state["layers"].items()}
+        new_state = {"layers": layers_, "kv_mask": place(state["kv_mask"], st["kv_mask"], 1)}
+        return new_state, logits.at[0, where].set(lg[:, 0], mode="drop")
 
-    return jax.jit(_per_replica(prefill, mesh, 6), donate_argnums=(1, 2))
+    return jax.jit(_per_replica(prefill, mesh, 7), donate_argnums=(1, 2))
+
+
+def _ring_step(cfg: models.ModelConfig, params: Any, state: dict[str, Any], tok: jax.Array, pos: jax.Array,
+               live: jax.Array, g: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
+    """One decode step of every row (`models.qwen3.decode` for one token, batched): row b's token at
+    RoPE position pos[b] goes in ring column g of its cache; it attends to its row's valid columns
+    (kv_mask), whatever their order (keys carry their positions). Returns logits [B, V] and the state."""
+    from mpa_jax.models import layers, qwen3
+
+    kv_mask = jax.lax.dynamic_update_slice(state["kv_mask"], live[:, None], (0, g))
+    mask = kv_mask[:, None, None, :]
+    cos, sin = layers.rope_tables(pos[:, None], cfg.head_dim, cfg.rope_theta)
+    x = qwen3._embed(cfg, params, tok[:, None])
+    all_layers = qwen3.layer_params(cfg, params)
+    new_layers = {}
+    for n in range(cfg.num_hidden_layers):
+        p = all_layers[str(n)]
+        cache = state["layers"][str(n)]
+        h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
+        q, k, v = qwen3._qkv_fused(cfg, p["self_attn"], h, cos, sin)
+        ck = jax.lax.dynamic_update_slice(cache["k"], k.transpose(0, 2, 3, 1).astype(cache["k"].dtype), (0, 0, 0, g))
+        cv = jax.lax.dynamic_update_slice(cache["v"], v.transpose(0, 2, 1, 3).astype(cache["v"].dtype), (0, 0, g, 0))
+        new_layers[str(n)] = {"k": ck, "v": cv}
+        attn = layers.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, cfg.head_dim**-0.5)
+        x = qwen3._mlp_fused(cfg, p, x + qwen3._out(p["self_attn"], attn))
+    x = layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
+    w = qwen3.decode_unembedding(cfg, params).astype(x.dtype)
+    logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    return logits[:, 0], {"layers": new_layers, "kv_mask": kv_mask}
 
 
 @functools.lru_cache(maxsize=None)
 def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy: bool, filtered: bool, n_top: int,
                   width: int, mesh: Any):
-    def step_one(params, state, tok, pos, live):
-        lg, st = models.decode(cfg, params, tok[None, None], pos[None, None], state, live[None, None].astype(jnp.int32))
-        return lg[0, 0], st
-
-    step_all = jax.vmap(step_one, in_axes=(None, 0, 0, 0, 0))
-
-    def run(params, full_state, full_logits, ints, floats):
+    def run(params, full_state, full_logits, ints, floats, head):
         # [R, width, ...] -> [R * width, ...]: the slots of this chunk as one batch (R = 1 per replica).
         r = full_logits.shape[0]
         flat = lambda x: x.reshape((r * width,) + x.shape[2:])  # noqa: E731
@@ -314,7 +358,7 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
         tops = (jnp.zeros((s, chunk, n_top), jnp.int32), jnp.zeros((s, chunk, n_top), jnp.float32)) if n_top else ()
 
         def body(k, carry):
-            state, logits, pos, t, live, stopped, toks, lps, emitted, *tops = carry
+            state, logits, pos, t, live, stopped, g, toks, lps, emitted, *tops = carry
             picked = sampling.sample_step(sampling.mask_vocab(logits, vocab_limit), keys, t, temperature, top_k, top_p,
                                           greedy=greedy, filtered=filtered, mixed=not greedy, n_top=n_top)
             tok = jnp.where(live, picked[0], 0)
@@ -328,20 +372,24 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
             stopped = stopped | hit
             live = live & ~hit & (t < max_new)
             # Every slot steps (static shapes); finished and free ones write masked-out cache columns.
-            logits, state = step_all(params, state, tok, pos, live)
+            logits, state = _ring_step(cfg, params, state, tok, pos, live, g)
             pos = pos + live.astype(jnp.int32)
-            return (state, logits, pos, t, live, stopped, toks, lps, emitted, *tops)
+            return (state, logits, pos, t, live, stopped, (g + 1) % max_len, toks, lps, emitted, *tops)
 
-        carry = jax.lax.fori_loop(0, chunk, body, (state, logits, pos, t, live, stopped, toks, lps, emitted, *tops))
+        max_len = full_state["kv_mask"].shape[-1]
+        carry = jax.lax.fori_loop(0, chunk, body, (state, logits, pos, t, live, stopped, head[0], toks, lps, emitted, *tops))
         unflat = lambda x: x.reshape((r, width) + x.shape[1:])  # noqa: E731
         if full:
             state, logits = jax.tree.map(unflat, carry[0]), unflat(carry[1])
         else:
-            state = jax.tree.map(lambda big, new: big.at[:, :width].set(unflat(new)), full_state, carry[0])
-            logits = full_logits.at[:, :width].set(unflat(carry[1]))
-        return (state, logits, *(unflat(x) for x in (carry[6], carry[7], carry[8], carry[4], carry[5], *carry[9:])))
+            # dynamic_update_slice, not .at[].set (a scatter): XLA then writes the prefix in place
+            # instead of copying every cache first.
+            put = lambda big, new: jax.lax.dynamic_update_slice(big, unflat(new).astype(big.dtype), (0,) * big.ndim)  # noqa: E731
+            state = jax.tree.map(put, full_state, carry[0])
+            logits = put(full_logits, carry[1])
+        return (state, logits, *(unflat(x) for x in (carry[7], carry[8], carry[9], carry[4], carry[5], *carry[10:])))
 
-    return jax.jit(_per_replica(run, mesh, 5), donate_argnums=(1, 2))
+    return jax.jit(_per_replica(run, mesh, 6), donate_argnums=(1, 2))
 
 
 class SlotLoop:
@@ -501,7 +549,7 @@ class SlotLoop:
         n_top = _bucket(want) if want else 0
         toks, lps, emitted, live, stopped, *tops = self.dec.decode(
             self._pos, self._t, self._live, self._seeds, self._temperature, self._top_k, self._top_p, self._max_new,
-            self._stops, greedy=greedy, filtered=filtered, n_top=n_top)
+            self._stops, greedy=greedy, filtered=filtered, n_top=n_top, steps=self._steps_next())
         for s, req in enumerate(self._slot):
             if req is None:
                 continue
@@ -528,6 +576,15 @@ class SlotLoop:
                     req.on_update(Update(new_t, new_lp, new_top))
                 except Exception:  # noqa: BLE001
                     log.exception("slot loop: on_update failed")
+
+    def _steps_next(self) -> int:
+        """The long chunk when no request waits and every running slot has at least that many tokens of
+        budget left (none can end on its budget mid-chunk); else the admission chunk."""
+        dec = self.dec
+        if dec.long_chunk == dec.chunk or self._waiting or not self._queue.empty():
+            return dec.chunk
+        left = (self._max_new - self._t)[self._live]
+        return dec.long_chunk if left.size and int(left.min()) >= dec.long_chunk else dec.chunk
 
     def _result(self, req: SlotRequest, finish: str) -> GenerateResult:
         toks = req.tokens
