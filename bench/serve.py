@@ -97,8 +97,9 @@ def loadgen(spec: dict) -> dict:
             nonlocal toks
             for k in range(n):
                 t = time.perf_counter()
-                toks += await ask(w * per + k)
+                got = await ask(w * per + k)  # not `toks += await ...`: that reads toks before the await
                 lat.append(time.perf_counter() - t)
+                toks += got
 
         try:
             await asyncio.gather(*(worker(w, 1) for w in range(c)))  # warm-up: connections, server-side shapes

@@ -2,25 +2,30 @@
 
 `JaxEngine.generate` decodes a whole batch as one compiled program, so a request that arrives while it
 runs waits for all of it. `SlotDecoder` instead keeps a fixed number of *slots* (the server's rows),
-each with its own KV cache of `max_len` columns, and three kinds of jitted programs:
+each a row of a batched KV cache of `max_len` columns, and three kinds of jitted programs:
 
-- `prefill`: writes up to `nb` new prompts (left-padded to a power-of-two bucket) into free slots
-  (their caches, RoPE positions and next-token logits); other slots are untouched.
-- `decode chunk`: `chunk` decode steps over all slots at once, each slot with its own temperature,
-  top-k/top-p, seed, step counter, stop ids and token budget (the vocabulary rule applies: ids >=
-  `vocab_limit` are never sampled). A slot stops on a stop id (`<|im_end|>`) or its budget; finished
-  and free slots ride along masked.
+- `prefill`: writes up to `nb` new prompts per replica (left-padded to a power-of-two bucket) into free
+  slots (their cache rows and next-token logits); other slots are untouched.
+- `decode chunk`: `chunk` decode steps over the slots in use (a prefix of each replica's slots), each
+  slot with its own temperature, top-k/top-p, seed, step counter, stop ids and token budget (the
+  vocabulary rule applies: ids >= `vocab_limit` are never sampled). A slot stops on a stop id
+  (`<|im_end|>`) or its budget; finished and free slots ride along masked.
 - `decode_params`: the weights prepared once per weight version (as JaxEngine does inside its program).
 
 `SlotLoop` is the host side: a thread that, between chunks, admits waiting requests into free slots,
-hands each request its new tokens (`on_update`), retires finished or cancelled requests, and runs the
-chunk. A request arriving mid-generation therefore waits at most one chunk plus one prefill.
+hands each request its new tokens (`on_update`; a request that only wants its result gets one call),
+retires finished or cancelled requests, and runs the chunk. A request arriving mid-generation waits at
+most one chunk plus one prefill. When nobody waits and no running slot can end on its budget within
+it, a chunk is `long_chunk` steps (default 4 x chunk): fewer host round trips per token.
 
-Each slot is a batch-of-one decode state; the slot axis is a `vmap` over `models.decode`, so the
-per-slot write index (each slot is at its own length) comes for free. Token t of a request is drawn
+The caches are rings: every step writes column `head` of every row (the batched engine step's
+in-place one-column update) and advances the head, so slots at different lengths share one write
+column; a prompt is placed in the columns just behind the head when it is admitted, and a row attends
+to its valid columns in whatever order (keys carry their RoPE positions). Token t of a request is drawn
 from `fold_in(key(seed), t)` as in JaxEngine, so a request's tokens do not depend on what else runs
-(up to float rounding between batch shapes). With engine replicas (CPU: one device per core) the slot
-axis is split over those devices. Requests that do not fit a slot (prompt bucket + max_new_tokens >
+(up to float rounding between batch shapes). With engine replicas (CPU: one device per core) the slots
+are split over those devices and every program runs per replica under `shard_map` (no SPMD
+partitioning, no communication). Requests that do not fit a slot (prompt bucket + max_new_tokens >
 max_len) run through `engine.generate_rows` between chunks.
 
 Supported: the `qwen3` family without a mesh; `slot_support(engine)` says why not otherwise (the server
