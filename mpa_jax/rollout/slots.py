@@ -15,8 +15,8 @@ each a row of a batched KV cache of `max_len` columns, and three kinds of jitted
 `SlotLoop` is the host side: a thread that, between chunks, admits waiting requests into free slots,
 hands each request its new tokens (`on_update`; a request that only wants its result gets one call),
 retires finished or cancelled requests, and runs the chunk. A request arriving mid-generation waits at
-most one chunk plus one prefill. When nobody waits and no running slot can end on its budget within
-it, a chunk is `long_chunk` steps (default 4 x chunk): fewer host round trips per token.
+most one chunk plus one prefill. A lone settled request (nobody else running or waiting) runs in
+chunks of `long_chunk` steps (default 4 x chunk): fewer host round trips per token.
 
 The caches are rings: every step writes column `head` of every row (the batched engine step's
 in-place one-column update) and advances the head, so slots at different lengths share one write
@@ -137,9 +137,8 @@ class SlotDecoder:
         self.slots = self.per_replica * self.replicas
         self.max_len = min(int(max_len), int(self.cfg.max_position_embeddings))
         self.chunk = int(chunk)
-        # Steps per chunk when nobody waits and no running slot can finish on its budget inside it:
-        # fewer host round trips per token (each one a sync of every replica) when admission cannot
-        # be delayed by it except for a request arriving mid-chunk.
+        # Steps per chunk for a lone settled request (`SlotLoop._steps_next`): fewer host round trips
+        # per token (each one a sync of every replica); a request arriving mid-chunk waits longer.
         self.long_chunk = max(int(long_chunk) if long_chunk is not None else 4 * self.chunk, self.chunk)
         self.min_prompt_bucket = int(min_prompt_bucket)
         self.max_prefill = _bucket(max_prefill)
@@ -382,7 +381,11 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
             return (state, logits, pos, t, live, stopped, (g + 1) % max_len, toks, lps, emitted, *tops)
 
         max_len = full_state["kv_mask"].shape[-1]
-        carry = jax.lax.fori_loop(0, chunk, body, (state, logits, pos, t, live, stopped, head[0], toks, lps, emitted, *tops))
+        # A trip count XLA cannot see (it is `chunk`): with a static one XLA:CPU unrolls the loop and
+        # copies every cache of the carry each step (measured: a 16-row chunk cost as much as a 32-row one).
+        n_steps = jnp.minimum(chunk, max_len + head[0])
+        carry = jax.lax.while_loop(lambda c: c[0] < n_steps, lambda c: (c[0] + 1, *body(c[0], c[1:])),
+                                   (jnp.int32(0), state, logits, pos, t, live, stopped, head[0], toks, lps, emitted, *tops))[1:]
         unflat = lambda x: x.reshape((r, width) + x.shape[1:])  # noqa: E731
         if full:
             state, logits = jax.tree.map(unflat, carry[0]), unflat(carry[1])
@@ -429,6 +432,11 @@ class SlotLoop:
         self.admitted = 0  # requests admitted into slots
         self.fallback_rows = 0  # requests too long for a slot, run through engine.generate_rows
         self.cancelled_rows = 0  # requests ended early by their consumer
+        # Where the loop's time goes (seconds): admission (prefill included), decode chunks (device
+        # time plus the host round trip), handing results out; and rows live at each chunk's start.
+        self.seconds = {"admit": 0.0, "decode": 0.0, "deliver": 0.0}
+        self.live_rows = 0  # summed over chunks: mean occupancy = live_rows / dec.steps
+        self._churn = False  # a request was admitted or retired since the last chunk
         self._thread = threading.Thread(target=self._run, name="mpa-slots", daemon=True)
         self._thread.start()
 
@@ -462,7 +470,9 @@ class SlotLoop:
                 continue
             with self._gate:
                 try:
+                    t0 = time.perf_counter()
                     self._admit()
+                    self.seconds["admit"] += time.perf_counter() - t0
                     if self._live.any():
                         self._step()
                 except Exception as e:  # noqa: BLE001 - every running request gets the error, the loop goes on
@@ -514,6 +524,7 @@ class SlotLoop:
             return
         take = self._waiting[: len(free)]
         self._waiting = self._waiting[len(free):]
+        self._churn = True
         # One prefill per prompt bucket: a prompt padded to a longer neighbour's width could overflow its slot.
         by_width: dict[int, list[SlotRequest]] = {}
         for r in take:
@@ -552,9 +563,19 @@ class SlotLoop:
         filtered = not greedy and any(r.params.filtered and not r.params.greedy for r in live_reqs)
         want = max(r.top_logprobs for r in live_reqs)
         n_top = _bucket(want) if want else 0
+        self.live_rows += len(live_reqs)
+        t0 = time.perf_counter()
         toks, lps, emitted, live, stopped, *tops = self.dec.decode(
             self._pos, self._t, self._live, self._seeds, self._temperature, self._top_k, self._top_p, self._max_new,
             self._stops, greedy=greedy, filtered=filtered, n_top=n_top, steps=self._steps_next())
+        t1 = time.perf_counter()
+        self.seconds["decode"] += t1 - t0
+        self._deliver(toks, lps, emitted, live, stopped, tops)
+        self.seconds["deliver"] += time.perf_counter() - t1
+
+    def _deliver(self, toks: np.ndarray, lps: np.ndarray, emitted: np.ndarray, live: np.ndarray, stopped: np.ndarray,
+                 tops: list[np.ndarray]) -> None:
+        """Hand each running request its new tokens; retire the finished and cancelled ones."""
         for s, req in enumerate(self._slot):
             if req is None:
                 continue
@@ -572,6 +593,7 @@ class SlotLoop:
             self._pos[s] += k
             done = not bool(live[s]) or req.cancelled
             if done:
+                self._churn = True
                 self.cancelled_rows += int(req.cancelled and bool(live[s]))
                 self._slot[s] = None
                 self._live[s] = False
@@ -583,13 +605,16 @@ class SlotLoop:
                     log.exception("slot loop: on_update failed")
 
     def _steps_next(self) -> int:
-        """The long chunk when no request waits and every running slot has at least that many tokens of
-        budget left (none can end on its budget mid-chunk); else the admission chunk."""
+        """The long chunk for a lone settled request: one request running, nothing admitted or retired
+        at this boundary (a client whose request just ended tends to come back within milliseconds),
+        none waiting, and at least that many tokens of budget left. With more requests running, one that
+        ends on a stop token mid-chunk would hold its slot (and its client) for the rest of the chunk."""
         dec = self.dec
-        if dec.long_chunk == dec.chunk or self._waiting or not self._queue.empty():
+        churn, self._churn = self._churn, False
+        if dec.long_chunk == dec.chunk or churn or self._waiting or not self._queue.empty():
             return dec.chunk
         left = (self._max_new - self._t)[self._live]
-        return dec.long_chunk if left.size and int(left.min()) >= dec.long_chunk else dec.chunk
+        return dec.long_chunk if left.size == 1 and int(left[0]) >= dec.long_chunk else dec.chunk
 
     def _result(self, req: SlotRequest, finish: str) -> GenerateResult:
         toks = req.tokens
