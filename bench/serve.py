@@ -1,30 +1,42 @@
 """`mpa serve` under load vs the engine's raw generate throughput, one run.
 
-The `configs/tiny.py` model (random weights, its embedding padded past the tokenizer, sampled under
-the vocabulary rule), a project-style BPE tokenizer, `mpa serve`'s app on loopback HTTP. For each
-concurrency C (default 1, 8, 64) it prints, side by side:
+A `configs/tiny.py`-family model (random weights, its embedding padded past the tokenizer, sampled
+under the vocabulary rule), a project-style BPE tokenizer, `mpa serve`'s app on loopback HTTP in this
+process. For each concurrency C (default 1, 8, 64) it prints, side by side:
 
-- server: C clients (the official `openai` AsyncOpenAI client) each sending chat requests back to
-  back (`--requests` per client, temperature 0.7, `--new` tokens max, distinct seeds); requests/s,
-  completion tokens/s, p50 and p99 latency;
-- raw: the same engine's `generate_rows` on batches of C chat prompts with the same settings and
-  seeds (what the server could do at best with C requests per call): requests/s, tokens/s;
+- server: C clients each sending chat requests back to back (`--requests` per client, temperature 0.7,
+  `--new` tokens max, distinct seeds) from a **separate load-generator process** (asyncio; `--client
+  httpx`: plain HTTP/JSON with keep-alive, the default; `--client openai`: the official AsyncOpenAI
+  client), so that the clients' Python does not share this process' GIL; requests/s, completion
+  tokens/s, p50 and p99 latency. The load generator still runs on the same cores: its CPU time per
+  request is printed under the table.
+- raw: the same engine's `generate_rows` on batches of C chat prompts with the same settings and seeds
+  (what the server could do at best with C requests per call), including the chat template,
+  tokenization and detokenization the server does per request: requests/s, tokens/s;
 - ratio: server tokens/s over raw tokens/s (target at load: >= 0.8).
+
+Shapes (`--shape`): `deploy` (default) is a decode-bound model, 8 x 512 (mlp 1,536, heads 8/4 x 64,
+~30M params), 128 new tokens per request: a decode step's compute is what a request costs, not the
+HTTP/JSON around it, as in a real deployment; `toy` is `configs/tiny.py` as it is (2 x 128, 0.9M
+params), 16 new tokens, where HTTP and JSON dominate. `--hidden/--layers/...` override either.
 
 `--batcher call slots` (default: both, in one run, against the same raw figures) picks the server's
 batching: `call` admits waiting requests into the next whole engine call (`server.batcher`), `slots`
-admits them between decode chunks of the slot loop (`rollout.slots`). `--hidden/--layers/...` change
-the model's shape (e.g. `--hidden 256 --intermediate 768 --layers 4 --heads 8 --kv-heads 4`, the
-starter's) so that decode, not HTTP, dominates a request.
+admits them between decode chunks of the slot loop (`rollout.slots`). `--slot-len` defaults to what the
+traffic needs (prompt bucket + `--new`).
 
-Usage: `python bench/serve.py [--concurrency 1 8 64] [--requests 4] [--new 32] [--replicas 0]
-[--batcher call slots] [--chunk 8] [--slot-len 128] [--hidden H --intermediate I --layers L ...]`.
+Usage: `python bench/serve.py [--shape deploy|toy] [--concurrency 1 8 64] [--requests 3] [--new N]
+[--replicas 0] [--batcher call slots] [--client httpx|openai] [--chunk 8] [--slot-len L]
+[--hidden H --intermediate I --layers L ...]`.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import resource
+import subprocess
 import sys
 import time
 
@@ -32,24 +44,106 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
 
+SHAPES = {
+    # name: (model overrides, default --new)
+    "deploy": ({"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
+                "num_key_value_heads": 4, "head_dim": 64}, 128),
+    "toy": ({}, 16),
+}
+
+
+def messages(n: int) -> list[list[dict[str, str]]]:
+    """The bench's chat requests (the load generator builds the same list)."""
+    return [[{"role": "user", "content": f"set an alarm for {i % 12 + 1} am and text mom about request {i}"}] for i in range(n)]
+
+
+def loadgen(spec: dict) -> dict:
+    """The load-generator process: `clients` concurrent clients, a warm-up pass (one request each), then
+    the timed pass (`requests` each, back to back). Returns wall time, latencies, tokens, CPU seconds."""
+    url, c, per, new, kind = spec["url"], spec["clients"], spec["requests"], spec["new"], spec["client"]
+    msgs = messages(c * per)
+
+    async def run() -> dict:
+        if kind == "openai":
+            import openai
+
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+
+            async def ask(i: int) -> int:
+                r = await client.chat.completions.create(model="mpa", messages=msgs[i], max_tokens=new, temperature=0.7, seed=i)
+                assert r.choices and r.choices[0].message.role == "assistant", r
+                return r.usage.completion_tokens
+
+            close = client.close
+        else:
+            import httpx
+
+            client = httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=c, max_keepalive_connections=c))
+
+            async def ask(i: int) -> int:
+                resp = await client.post("/v1/chat/completions", json={"model": "mpa", "messages": msgs[i], "max_tokens": new,
+                                                                       "temperature": 0.7, "seed": i})
+                resp.raise_for_status()
+                body = resp.json()
+                assert body["choices"][0]["message"]["role"] == "assistant", body
+                return int(body["usage"]["completion_tokens"])
+
+            close = client.aclose
+
+        lat: list[float] = []
+        toks = 0
+
+        async def worker(w: int, n: int) -> None:
+            nonlocal toks
+            for k in range(n):
+                t = time.perf_counter()
+                got = await ask(w * per + k)  # not `toks += await ...`: that reads toks before the await
+                lat.append(time.perf_counter() - t)
+                toks += got
+
+        try:
+            await asyncio.gather(*(worker(w, 1) for w in range(c)))  # warm-up: connections, server-side shapes
+            lat.clear()
+            toks = 0
+            cpu0 = _cpu()
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker(w, per) for w in range(c)))
+            return {"wall": time.perf_counter() - t0, "lat": lat, "tokens": toks, "cpu_s": _cpu() - cpu0}
+        finally:
+            await close()
+
+    return asyncio.run(run())
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--loadgen", help=argparse.SUPPRESS)  # internal: run as the load-generator process
     ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py"))
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="deploy",
+                    help="deploy: decode-bound 8 x 512, 128 new tokens (default); toy: configs/tiny.py as it is, 16 new tokens")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--requests", type=int, default=4, help="requests per client")
-    ap.add_argument("--new", type=int, default=32, help="max_tokens per request")
+    ap.add_argument("--requests", type=int, default=3, help="requests per client (timed pass)")
+    ap.add_argument("--new", type=int, default=None, help="max_tokens per request (default: the shape's)")
     ap.add_argument("--vocab", type=int, default=2048, help="tokenizer size (the model's embedding is larger)")
     ap.add_argument("--replicas", type=int, default=0, help="engine weight replicas (0: one per core)")
     ap.add_argument("--batcher", nargs="+", choices=["call", "slots"], default=["call", "slots"])
+    ap.add_argument("--client", choices=["httpx", "openai"], default="httpx", help="load generator's HTTP client")
     ap.add_argument("--chunk", type=int, default=8, help="slot loop: decode steps per chunk")
-    ap.add_argument("--slot-len", type=int, default=128, help="slot loop: tokens per slot (attention reads all of them every step)")
+    ap.add_argument("--slot-len", type=int, default=None,
+                    help="slot loop: tokens per slot (attention reads all of them every step); default prompt bucket + --new")
     for name in ("hidden", "intermediate", "layers", "heads", "kv-heads", "head-dim"):
         ap.add_argument(f"--{name}", type=int, default=None, help="model shape override")
     args = ap.parse_args(argv)
+    if args.loadgen:
+        print(json.dumps(loadgen(json.loads(args.loadgen))), flush=True)
+        return 0
 
     import jax
-    import openai
 
     from mpa_jax import models
     from mpa_jax import tokenizer as tk
@@ -57,10 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     from mpa_jax.rollout.jax_engine import JaxEngine
     from mpa_jax.rollout.run import engine_replicas
     from mpa_jax.rollout.server import ServerThread, create_app
+    from mpa_jax.rollout.slots import _prompt_bucket
     from mpa_jax.rollout.types import SamplingParams
 
     config = load_config_file(args.config)
     config.rollout.replicas = args.replicas
+    overrides, default_new = SHAPES[args.shape]
+    new = args.new if args.new is not None else default_new
+    for key, value in overrides.items():
+        config.model[key] = value
     shape = {"hidden": "hidden_size", "intermediate": "intermediate_size", "layers": "num_hidden_layers",
              "heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "head_dim": "head_dim"}
     for arg, key in shape.items():
@@ -74,14 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     top = max(args.concurrency)
     engine = JaxEngine(cfg, params, max_batch=top, replicas=engine_replicas(config), vocab_limit=tok.vocab_size)
     im_end = tok.token_id("<|im_end|>")
-    messages = [[{"role": "user", "content": f"set an alarm for {i % 12 + 1} am and text mom about request {i}"}]
-                for i in range(top * args.requests)]
-    prompts = [tk.generation_prompt_ids(tok, m) for m in messages]
-    sp = SamplingParams(max_new_tokens=args.new, temperature=0.7, stop_token_ids=(im_end,))
-    print(f"model {cfg.family} {cfg.num_hidden_layers} x {cfg.hidden_size} (mlp {cfg.intermediate_size}, heads "
+    msgs = messages(top * args.requests)
+    prompts = [tk.generation_prompt_ids(tok, m) for m in msgs]
+    slot_len = args.slot_len or _prompt_bucket(max(len(p) for p in prompts), 16) + new
+    sp = SamplingParams(max_new_tokens=new, temperature=0.7, stop_token_ids=(im_end,))
+    print(f"shape {args.shape}: model {cfg.family} {cfg.num_hidden_layers} x {cfg.hidden_size} (mlp {cfg.intermediate_size}, heads "
           f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} x {cfg.head_dim}), {models.param_count(cfg) / 1e6:.1f}M params, "
           f"vocab {cfg.vocab_size} (tokenizer {tok.vocab_size}), replicas {engine.replicas}, "
-          f"prompt ~{int(np.mean([len(p) for p in prompts]))} tokens, max_tokens {args.new}, temperature 0.7", flush=True)
+          f"prompt ~{int(np.mean([len(p) for p in prompts]))} tokens, max_tokens {new}, temperature 0.7, "
+          f"slot_len {slot_len}, chunk {args.chunk}; load generator: separate process, {args.client} client", flush=True)
 
     # Compile every batch bucket first: under load the server's calls take whatever rows are waiting.
     b = 1
@@ -95,56 +195,43 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         toks = 0
         for idx in batches:
-            out = engine.generate_rows([prompts[i] for i in idx], [sp] * c, idx)
+            # What the server does per request besides decoding: chat template + tokenization, detokenization.
+            ids = [tk.generation_prompt_ids(tok, msgs[i]) for i in idx]
+            out = engine.generate_rows(ids, [sp] * c, idx)
             toks += sum(len(r.token_ids) for r in out)
+            _ = [tok.decode(r.token_ids) for r in out]
         dt = time.perf_counter() - t0
         raw[c] = (len(batches) * c / dt, toks / dt)
 
     rows = []
     for kind in args.batcher:
-        app = create_app(engine, tok, max_batch=top, batch_wait_s=0.005, default_max_new_tokens=args.new, batcher=kind,
-                         slot_len=args.slot_len, slot_chunk=args.chunk)
+        app = create_app(engine, tok, max_batch=top, batch_wait_s=0.005, default_max_new_tokens=new, batcher=kind,
+                         slot_len=slot_len, slot_chunk=args.chunk)
         with ServerThread(app) as server:
-
-            async def load(c: int) -> tuple[float, list[float], int]:
-                client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
-                lat: list[float] = []
-                toks = 0
-
-                async def worker(w: int) -> None:
-                    nonlocal toks
-                    for k in range(args.requests):
-                        i = w * args.requests + k
-                        t = time.perf_counter()
-                        r = await client.chat.completions.create(model="mpa", messages=messages[i], max_tokens=args.new,
-                                                                 temperature=0.7, seed=i)
-                        lat.append(time.perf_counter() - t)
-                        toks += r.usage.completion_tokens
-
-                try:
-                    t0 = time.perf_counter()
-                    await asyncio.gather(*(worker(w) for w in range(c)))
-                    return time.perf_counter() - t0, lat, toks
-                finally:
-                    await client.close()
-
             batcher = app.state.get_batcher()
             if batcher.kind != kind:
                 raise SystemExit(f"asked for the {kind} batcher, the server runs {batcher.kind}")
             if kind == "slots":  # compile every prefill/chunk width up front, as the raw side did
-                for n in sorted({len(p) for p in prompts}, key=lambda n: -n)[:1] + [min(len(p) for p in prompts)]:
+                for n in sorted({max(len(p) for p in prompts), min(len(p) for p in prompts)}):
                     batcher.decoder.warmup(n)
             for c in args.concurrency:
-                asyncio.run(load(c))  # warm: compiles the shapes this load produces
-                wall, lat, toks = asyncio.run(load(c))
-                n = len(lat)
-                rows.append((kind, c, n / wall, toks / wall, float(np.percentile(lat, 50)), float(np.percentile(lat, 99))))
+                spec = {"url": server.url, "clients": c, "requests": args.requests, "new": new, "client": args.client}
+                res = subprocess.run([sys.executable, os.path.abspath(__file__), "--loadgen", json.dumps(spec)],
+                                     capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                if res.returncode != 0:
+                    raise SystemExit(f"load generator failed ({kind}, {c} clients):\n{res.stderr[-3000:]}")
+                got = json.loads(res.stdout.strip().splitlines()[-1])
+                lat, wall = got["lat"], got["wall"]
+                rows.append((kind, c, len(lat) / wall, got["tokens"] / wall, float(np.percentile(lat, 50)),
+                             float(np.percentile(lat, 99)), 1e3 * got["cpu_s"] / len(lat)))
 
     print(f"{'batcher':>7} {'clients':>7} {'server req/s':>12} {'server tok/s':>12} {'p50 s':>7} {'p99 s':>7} {'raw req/s':>10} "
           f"{'raw tok/s':>10} {'ratio':>6}")
-    for kind, c, rps, tps, p50, p99 in rows:
+    for kind, c, rps, tps, p50, p99, _cpu_ms in rows:
         r_rps, r_tps = raw[c]
         print(f"{kind:>7} {c:>7} {rps:>12.2f} {tps:>12.1f} {p50:>7.3f} {p99:>7.3f} {r_rps:>10.2f} {r_tps:>10.1f} {tps / r_tps:>6.2f}")
+    print("load generator CPU per request (same cores): "
+          + ", ".join(f"{kind} {c} clients {cpu_ms:.1f} ms" for kind, c, *_, cpu_ms in rows))
     return 0
 
 

@@ -122,7 +122,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.serve.max_new_tokens = 256  # default for chat completions without max_tokens
     c.serve.batcher = "auto"  # auto | slots (admission per decode chunk) | call (per whole engine call)
     c.serve.slot_len = 2048  # tokens per slot (prompt bucket + max_tokens); longer requests run as engine calls
-    c.serve.slot_chunk = 8  # decode steps between admissions / stream updates (docs/perf.md: 8-16 run fastest)
+    c.serve.slot_chunk = 8  # decode steps between admissions / stream updates (a lone request: 4x; docs/perf.md)
 
     # Planner context format (envs/context.py): "json" = tool schemas through the chat template (real
     # checkpoints); "compact" = one-line signatures in the system message (~3x fewer tokens per episode).

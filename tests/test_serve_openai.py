@@ -111,7 +111,9 @@ def test_sampling_n_seed_logprobs_and_streams_agree(real, tok):
             if ch.logprobs is not None:
                 lps.setdefault(ch.index, []).extend(e.logprob for e in ch.logprobs.content)
     assert [got[i] for i in range(3)] == [ch.message.content or "" for ch in a.choices]
-    assert all(math.isclose(x, y.logprob, abs_tol=1e-6) for i, ch in enumerate(a.choices)
+    # Equal up to float rounding: the slot loop's ring caches hold a request's keys in an order that
+    # depends on when it was admitted, so attention sums in another order (~1e-6).
+    assert all(math.isclose(x, y.logprob, abs_tol=1e-5) for i, ch in enumerate(a.choices)
                for x, y in zip(lps.get(i, []), ch.logprobs.content))
     # Completions over token ids, with log-probs, streamed.
     ids = tok.encode("call mom")

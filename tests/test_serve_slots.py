@@ -84,6 +84,37 @@ def test_slot_loop_gives_the_engines_tokens_and_admits_mid_generation(ckpt, tok)
         loop.close()
 
 
+def test_slot_loop_over_two_replicas_gives_the_engines_tokens(ckpt, tok):
+    """Slots split over two engine replicas (one program per replica under shard_map), rows admitted at
+    different ring heads, long chunks while nobody waits: still the engine's own tokens."""
+    import jax
+
+    if jax.local_device_count() < 2:
+        pytest.skip("needs 2 host devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+    engine = JaxEngine.from_pretrained(ckpt, max_batch=8, vocab_limit=tok.vocab_size, replicas=2)
+    dec = SlotDecoder(engine, slots=4, max_len=64, chunk=2)
+    assert dec.replicas == 2 and dec.long_chunk == 8
+    loop = SlotLoop(dec)
+    try:
+        rng = np.random.default_rng(1)
+        prompts = [[int(x) for x in rng.integers(1, tok.vocab_size, size=n)] for n in (6, 11, 3, 14, 9, 5)]
+        settings = [SamplingParams(max_new_tokens=m, temperature=t, stop_token_ids=(3,))
+                    for m, t in [(30, 1.0), (12, 0.0), (40, 0.7), (7, 1.0), (25, 1.5), (33, 0.0)]]
+        ref = engine.generate_rows(prompts, settings, list(range(6)))
+        got = _Collect()
+        loop.submit(SlotRequest(prompts[0], settings[0], 0, 0, got.cb("0")))  # alone first: long chunks
+        assert timed_wait(lambda: loop.dec.steps >= 2, 60)
+        for i in range(1, 6):  # more requests than slots, admitted as slots free up (other ring heads)
+            loop.submit(SlotRequest(prompts[i], settings[i], i, 0, got.cb(str(i))))
+        got.wait(6)
+        for i in range(6):
+            r = got.done[str(i)].result
+            assert r.token_ids == ref[i].token_ids and r.finish_reason == ref[i].finish_reason, i
+            assert np.allclose(r.logprobs, ref[i].logprobs, atol=1e-4)
+    finally:
+        loop.close()
+
+
 def test_support_and_fallback(tok):
     assert "JaxEngine" in slot_support(ScriptedEngine(tok, ["hi"]))
     app = create_app(ScriptedEngine(tok, ["hi"]), tok, batcher="slots")  # not supported: the call batcher

@@ -90,6 +90,14 @@ class Tokenizer:
             raise TokenizerError(f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
         return self._tk.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def decode_each(self, ids: Iterable[int]) -> list[str]:
+        """Text of each id on its own (one backend call for all: per-token pieces of a long output)."""
+        ids = [int(i) for i in ids]
+        bad = next((i for i in ids if not 0 <= i < self.vocab_size), None)
+        if bad is not None:
+            raise TokenizerError(f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
+        return self._tk.decode_batch([[i] for i in ids], skip_special_tokens=False)
+
     def token_id(self, token: str) -> int:
         """Id of one token string (e.g. '<|im_end|>'); raises TokenizerError when it is not in the vocabulary."""
         i = self._vocab.get(token)

@@ -182,13 +182,15 @@ def create_app(
         if len(p) + max_new > max_pos:
             raise RequestError(max_field, f"{len(p)} prompt tokens + {max_new} new tokens exceed the context ({max_pos})")
 
-    async def start(prompts: list[list[int]], params: SamplingParams, n: int, seed: int | None, top: int) -> Any:
-        """A RowStream of n choices per prompt (choice j of prompt i at row i*n + j); seeds seed+k when given."""
+    async def start(prompts: list[list[int]], params: SamplingParams, n: int, seed: int | None, top: int,
+                    updates: bool = True) -> Any:
+        """A RowStream of n choices per prompt (choice j of prompt i at row i*n + j); seeds seed+k when given.
+        `updates`: tokens as they are decoded (streams, stop strings to watch), else each row's result alone."""
         if top and not get_batcher().supports_top_logprobs:
             raise RequestError("top_logprobs", f"not supported by this engine ({type(engine).__name__})")
         rows = [p for p in prompts for _ in range(n)]
         seeds = [seed + k if seed is not None else fresh_seed() for k in range(len(rows))]
-        return get_batcher().stream_rows(rows, params, seeds, top)
+        return get_batcher().stream_rows(rows, params, seeds, top, updates=updates)
 
     async def results_of(stream: Any, stops: list[str]) -> list[GenerateResult]:
         try:
@@ -323,7 +325,7 @@ def create_app(
             raise RequestError("messages", f"cannot render the chat: {e}") from None
         max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         check_prompt(prompt, req.params.max_new_tokens, "messages", max_field)
-        stream = await start([prompt], req.params, req.n, req.seed, req.logprobs or 0)
+        stream = await start([prompt], req.params, req.n, req.seed, req.logprobs or 0, updates=req.stream or bool(req.stop))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         fingerprint = f"mpa-{engine.weight_version}"
         if req.stream:
@@ -352,7 +354,7 @@ def create_app(
         max_field = "max_tokens"
         for i, p in enumerate(req.prompts):
             check_prompt(p, req.params.max_new_tokens, f"prompt[{i}]" if len(req.prompts) > 1 else "prompt", max_field)
-        stream = await start(req.prompts, req.params, req.n, req.seed, req.logprobs or 0)
+        stream = await start(req.prompts, req.params, req.n, req.seed, req.logprobs or 0, updates=req.stream or bool(req.stop))
         rid = f"cmpl-{uuid.uuid4().hex}"
         fingerprint = f"mpa-{engine.weight_version}"
         n_prompt = sum(len(p) for p in req.prompts)

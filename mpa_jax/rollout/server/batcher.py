@@ -81,8 +81,10 @@ class Batcher:
         params: SamplingParams | list[SamplingParams],
         seeds: list[int],
         top_logprobs: int = 0,
+        updates: bool = True,
     ) -> RowStream:
-        """`submit` as a `RowStream`: once the engine call returns, one update per token, then the result."""
+        """`submit` as a `RowStream`: once the engine call returns, one update per token, then the result
+        (`updates=False`: the result alone)."""
         stream = RowStream(len(prompts))
 
         async def feed() -> None:
@@ -92,6 +94,9 @@ class Batcher:
                 stream.push(0, Update([], [], error=e))
                 return
             for i, r in enumerate(results):
+                if not updates:
+                    stream.push(i, Update(r.token_ids, r.logprobs, r.top_logprobs, result=r))
+                    continue
                 tops = r.top_logprobs or []
                 for k, (t, lp) in enumerate(zip(r.token_ids[:-1], r.logprobs[:-1])):
                     stream.push(i, Update([t], [lp], [tops[k]] if k < len(tops) else None))

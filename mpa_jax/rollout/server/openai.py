@@ -24,7 +24,32 @@ def token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
 
     A token that ends inside a multi-byte UTF-8 character adds "" and the character comes with the
     token that completes it (a byte-level tokenizer decodes a partial character as U+FFFD).
+
+    Linear time: each token's own text is its piece (one backend call for all), except in runs of
+    tokens that hold partial characters, which are decoded together from the run's start; the result
+    is checked against the whole decode, and only a decoder that fails the check gets every prefix
+    decoded (quadratic in length).
     """
+    if not ids:
+        return []
+    full = tokenizer.decode(ids)
+    each = getattr(tokenizer, "decode_each", None)
+    singles = each(ids) if each is not None else [tokenizer.decode([t]) for t in ids]
+    fast: list[str] = []
+    start = -1  # first token of the pending run, -1: none
+    for k, single in enumerate(singles):
+        if start < 0 and "\ufffd" not in single:
+            fast.append(single)
+            continue
+        start = k if start < 0 else start
+        text = tokenizer.decode(ids[start: k + 1])
+        if text.endswith("\ufffd") and k < len(ids) - 1:
+            fast.append("")
+            continue
+        fast.append(text)
+        start = -1
+    if "".join(fast) == full:
+        return fast
     pieces: list[str] = []
     done = ""
     for k in range(1, len(ids) + 1):

@@ -48,8 +48,9 @@ class SlotBatcher:
         self.loop.close()
 
     def stream_rows(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], seeds: list[int],
-                    top_logprobs: int = 0) -> RowStream:
-        """Start generating `prompts` (one setting, or one per prompt); their updates as they are decoded."""
+                    top_logprobs: int = 0, updates: bool = True) -> RowStream:
+        """Start generating `prompts` (one setting, or one per prompt); their updates as they are decoded
+        (`updates=False`: only each row's final update, for consumers that need the result alone)."""
         rows = list(params) if isinstance(params, list) else [params] * len(prompts)
         reqs: list[SlotRequest] = []
 
@@ -59,7 +60,7 @@ class SlotBatcher:
         stream = RowStream(len(prompts), cancel)
         for i, (p, sp, seed) in enumerate(zip(prompts, rows, seeds)):
             reqs.append(SlotRequest(list(map(int, p)), sp, int(seed), int(top_logprobs),
-                                    on_update=lambda u, i=i: stream.push(i, u)))
+                                    on_update=lambda u, i=i: stream.push(i, u), updates=updates))
         for r in reqs:
             self.loop.submit(r)
         self.rows += len(reqs)
@@ -68,7 +69,7 @@ class SlotBatcher:
     async def submit(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], seeds: list[int],
                      top_logprobs: int = 0) -> list[GenerateResult]:
         """Generate for `prompts`; the final results in order."""
-        stream = self.stream_rows(prompts, params, seeds, top_logprobs)
+        stream = self.stream_rows(prompts, params, seeds, top_logprobs, updates=False)
         try:
             return await stream.collect()
         except asyncio.CancelledError:
