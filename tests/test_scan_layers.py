@@ -101,13 +101,16 @@ def test_scanned_decode_equals_unrolled(cfg):
     ids, _ = _batch(cfg, seed=3)
     pos = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
     outs = []
-    for c, p in ((cfg, params), (scfg, sparams)):
+    # Raw params, and the prepared ones (fused q/k/v and gate/up kernels) each layout decodes with.
+    for c, p in ((cfg, params), (scfg, sparams), (cfg, models.decode_params(cfg, params)),
+                 (scfg, models.decode_params(scfg, sparams))):
         state = models.init_decode_state(c, 2, 16)
         logits, state = jax.jit(lambda p, s: models.decode(c, p, ids, pos, s))(p, state)
         step, _ = models.decode(c, p, ids[:, :1], pos[:, -1:] + 1, state)
         outs.append((logits, step))
-    np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5)
+    for got in outs[1:]:
+        np.testing.assert_allclose(got[0], outs[0][0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[1], outs[0][1], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("cfg", [QWEN3, QWEN35, MOE], ids=["qwen3", "qwen3_5", "qwen3_5_moe"])

@@ -189,8 +189,12 @@ def decode_params(cfg: ModelConfig, params: Any) -> Any:
     With tied embeddings this adds the [D, V] output projection as `lm_head.kernel`, materialised once
     (an optimization barrier keeps XLA from folding the transpose back): a decode step then reads it
     in the orientation the logits dot runs fastest in, not the [V, D] table (on CPU ~2x the logits
-    time, the largest op of a small model's step). Other params are returned as they are.
+    time, the largest op of a small model's step). A family may prepare more (`prepare_decode`:
+    qwen3 concatenates each layer's q/k/v and gate/up kernels).
     """
+    prepare = getattr(_family(cfg), "prepare_decode", None)
+    if prepare is not None:
+        params = prepare(cfg, params)
     if not cfg.tie_word_embeddings or "lm_head" in params:
         return params
     w = jax.lax.optimization_barrier(params["model"]["embed_tokens"]["weight"].T)

@@ -148,17 +148,49 @@ def _qkv(cfg: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Arr
     return q, sharding.constrain(layers.apply_rope(k, cos, sin), layers.KV_AXES), v
 
 
+_QKV = ("q_proj", "k_proj", "v_proj")
+_GATE_UP = ("gate_proj", "up_proj")
+
+
+def _concat(p: Params, names: tuple[str, ...]) -> Params:
+    """{"kernel": the kernels of `names` side by side on the output axis (and "bias" when they have one)};
+    the last axis, so a stacked [blocks, D, out] tree (scan_layers) works as well."""
+    out = {"kernel": jnp.concatenate([p[n]["kernel"] for n in names], axis=-1)}
+    if "bias" in p[names[0]]:
+        out["bias"] = jnp.concatenate([p[n]["bias"] for n in names], axis=-1)
+    return out
+
+
+def prepare_decode(cfg: ModelConfig, params: Params) -> Params:
+    """`params` with each layer's q/k/v kernels as one `qkv_proj` and gate/up as one `gate_up_proj`
+    (the separate ones dropped): what `_qkv_fused` / `_mlp_fused` read. Used by
+    `mpa_jax.models.decode_params`; materialised once per weight version where that runs in its own
+    program (the slot loop)."""
+    layers_ = params["model"]["layers"]
+
+    def fuse(p: Params) -> Params:
+        attn = {k: v for k, v in p["self_attn"].items() if k not in _QKV}
+        mlp = {k: v for k, v in p["mlp"].items() if k not in _GATE_UP}
+        return {**p, "self_attn": {**attn, "qkv_proj": _concat(p["self_attn"], _QKV)},
+                "mlp": {**mlp, "gate_up_proj": _concat(p["mlp"], _GATE_UP)}}
+
+    # Unstacked {str(n): layer} or stacked {str(j): layer tree [blocks, ...]}: kernels end in their output axis either way.
+    return {**params, "model": {**params["model"], "layers": {n: fuse(p) for n, p in layers_.items()}}}
+
+
 def _qkv_fused(cfg: ModelConfig, p: Params, x: jax.Array, cos: jax.Array, sin: jax.Array):
     """As `_qkv`, with q/k/v as one matmul over the concatenated kernels (decode: fewer tiny dots).
 
-    The concatenation is loop-invariant inside a decode loop, so XLA hoists it out of the loop.
+    The kernels come concatenated from `prepare_decode`; otherwise they are concatenated here (loop
+    invariant: XLA hoists it out of a decode loop, but a program that runs a few steps per call,
+    like the slot loop's chunk, would copy every kernel per call).
     """
     b, t, _ = x.shape
     hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
-    names = ("q_proj", "k_proj", "v_proj")
-    y = layers.dense(x, jnp.concatenate([p[n]["kernel"] for n in names], axis=1))
-    if "bias" in p["q_proj"]:
-        y = y + jnp.concatenate([p[n]["bias"] for n in names]).astype(y.dtype)
+    fused = p["qkv_proj"] if "qkv_proj" in p else _concat(p, _QKV)  # prefused by `prepare_decode`
+    y = layers.dense(x, fused["kernel"])
+    if "bias" in fused:
+        y = y + fused["bias"].astype(y.dtype)
     q, k, v = jnp.split(y, [nq * hd, (nq + nkv) * hd], axis=-1)
     q = layers.rms_norm(q.reshape(b, t, nq, hd), p["q_norm"]["weight"], cfg.rms_norm_eps)
     k = layers.rms_norm(k.reshape(b, t, nkv, hd), p["k_norm"]["weight"], cfg.rms_norm_eps)
@@ -169,7 +201,8 @@ def _mlp_fused(cfg: ModelConfig, p: Params, x: jax.Array) -> jax.Array:
     """As `_mlp`, with gate and up as one matmul (decode)."""
     h = layers.rms_norm(x, p["post_attention_layernorm"]["weight"], cfg.rms_norm_eps)
     m = p["mlp"]
-    gate, up = jnp.split(layers.dense(h, jnp.concatenate([m["gate_proj"]["kernel"], m["up_proj"]["kernel"]], axis=1)), 2, axis=-1)
+    gate_up = m["gate_up_proj"] if "gate_up_proj" in m else _concat(m, _GATE_UP)
+    gate, up = jnp.split(layers.dense(h, gate_up["kernel"]), 2, axis=-1)
     return x + layers.dense(jax.nn.silu(gate) * up, m["down_proj"]["kernel"])
 
 

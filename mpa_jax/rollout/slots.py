@@ -383,7 +383,8 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
         max_len = full_state["kv_mask"].shape[-1]
         # A trip count XLA cannot see (it is `chunk`): with a static one XLA:CPU unrolls the loop and
         # copies every cache of the carry each step (measured: a 16-row chunk cost as much as a 32-row one).
-        n_steps = jnp.minimum(chunk, max_len + head[0])
+        # A replica with no live row runs no step: on CPU its idle program would take cores from the busy one.
+        n_steps = jnp.where(live.any(), jnp.minimum(chunk, max_len + head[0]), 0)
         carry = jax.lax.while_loop(lambda c: c[0] < n_steps, lambda c: (c[0] + 1, *body(c[0], c[1:])),
                                    (jnp.int32(0), state, logits, pos, t, live, stopped, head[0], toks, lps, emitted, *tops))[1:]
         unflat = lambda x: x.reshape((r, width) + x.shape[1:])  # noqa: E731
