@@ -99,7 +99,8 @@ def test_slot_loop_over_two_replicas_gives_the_engines_tokens(ckpt, tok):
     # conftest forces 8 host devices; a run that overrides XLA_FLAGS with fewer must not pass silently
     assert jax.local_device_count() >= 2, "needs 2 host devices (XLA_FLAGS=--xla_force_host_platform_device_count)"
     engine = JaxEngine.from_pretrained(ckpt, max_batch=8, vocab_limit=tok.vocab_size, replicas=2)
-    dec = SlotDecoder(engine, slots=4, max_len=64, chunk=2)
+    # max_prefill 1: an admission of 3 prompts is split into prefill calls of one prompt per replica.
+    dec = SlotDecoder(engine, slots=4, max_len=64, chunk=2, max_prefill=1)
     assert dec.replicas == 2 and dec.long_chunk == 8
     loop = SlotLoop(dec)
     try:
@@ -115,6 +116,7 @@ def test_slot_loop_over_two_replicas_gives_the_engines_tokens(ckpt, tok):
             loop.submit(SlotRequest(prompts[i], settings[i], i, 0, got.cb(str(i))))
         got.wait(6)
         _assert_engine_results(got, ref)
+        assert loop.admitted == 6 and dec.prefills >= 3  # at most one prompt per replica per call
     finally:
         loop.close()
 

@@ -185,12 +185,13 @@ class SlotDecoder:
         """Compile the prefill and chunk programs a load of `prompt_len`-token prompts can use (a server
         compiles them on first use otherwise; benches call this so that compiles stay out of timings)."""
         p = [1] * int(prompt_len)
-        nb = 1
+        nb = 1  # prompts per replica; slots 0..n-1 spread over the replicas
         while True:
-            self.prefill([p] * min(nb, self.slots), list(range(min(nb, self.slots))))
+            n = min(nb * self.replicas, self.slots)
+            self.prefill([p] * n, list(range(n)))
             if nb >= self.max_prefill:
                 break
-            nb = min(nb * 4, self.max_prefill)
+            nb = min(nb * 2, self.max_prefill)
         s = self.slots
         z = lambda dt, v=0: np.full((s,), v, dt)  # noqa: E731
         w = 1
@@ -216,7 +217,8 @@ class SlotDecoder:
         so a prompt costs one device's work, not every replica's."""
         r = self.replicas
         rep = [s % r for s in slot_ids]
-        nb = _coarse(max(rep.count(k) for k in range(r)), self.max_prefill)
+        # Rows per replica: a power of two (a prefill's cost is its padded rows; 7 prompts padded to 16 cost 2.3x)
+        nb = min(_bucket(max(rep.count(k) for k in range(r))), self.max_prefill)
         p_len = _prompt_bucket(max(len(p) for p in prompts), self.min_prompt_bucket)
         ids = np.zeros((r, nb, p_len), np.int32)
         mask = np.zeros((r, nb, p_len), np.int32)
@@ -530,14 +532,25 @@ class SlotLoop:
         by_width: dict[int, list[SlotRequest]] = {}
         for r in take:
             by_width.setdefault(_prompt_bucket(len(r.prompt), self.dec.min_prompt_bucket), []).append(r)
+        reps = self.dec.replicas
         for same in by_width.values():
-            for lo in range(0, len(same), self.dec.max_prefill):
-                group = same[lo: lo + self.dec.max_prefill]
-                slots, free = free[: len(group)], free[len(group):]
-                self.dec.prefill([r.prompt for r in group], slots)
-                for s, r in zip(slots, group):
-                    self._place(s, r)
+            slots, free = free[: len(same)], free[len(same):]
+            # Prefill calls of up to max_prefill prompts per replica (slot s lives on replica s % R).
+            group: list[tuple[int, SlotRequest]] = []
+            count = [0] * reps
+            for s, r in zip(slots, same):
+                if count[s % reps] == self.dec.max_prefill:
+                    self._prefill(group)
+                    group, count = [], [0] * reps
+                group.append((s, r))
+                count[s % reps] += 1
+            self._prefill(group)
         self.admitted += len(take)
+
+    def _prefill(self, group: list[tuple[int, SlotRequest]]) -> None:
+        self.dec.prefill([r.prompt for _, r in group], [s for s, _ in group])
+        for s, r in group:
+            self._place(s, r)
 
     def _place(self, s: int, r: SlotRequest) -> None:
         sp = r.params
