@@ -104,6 +104,7 @@ def get_config(arg: str = "qwen3_8b") -> ml_collections.ConfigDict:
     c.oracle.max_tasks = 0  # every train task
     c.oracle.variants = 4
     c.rollout.sharded = True  # the embedded engine on the mesh, not one device
+    c.harness.skills = True  # pretrained chat models read retrieved skills in the system prompt
     return c
 
 

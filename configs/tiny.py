@@ -244,7 +244,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness.tools = "task"  # task: the task's tool list | catalog: top-k of the whole catalog by retrieval
     c.harness.top_k = 8  # tools handed to the planner in catalog mode
     c.harness.normalise = True  # schema normalisers (types, enum case, whitespace) + approved argument rewrites
-    c.harness.skills = True  # retrieve relevant skills into the system prompt
+    # retrieve relevant skills into the system prompt: off for the tiny planners, which never saw skill text in
+    # training (two retrieved skills took the demo's SFT planner from 58.3% to 35.4% on its 48 dev tasks,
+    # docs/harness.md); the Qwen recipes turn it on
+    c.harness.skills = False
     c.harness.skills_dir = ""  # extra skill files (the shipped ones in harness/skills/ are always read)
     c.harness.max_skills = 2
     c.harness.context_tokens = 3000  # budget for prior history in the first prompt (oldest turns dropped first)

@@ -11,11 +11,14 @@ Proposal kinds:
 - `skill`: a successful recovery (error, then a different tool or a fix, then a verified success)
   distilled into a skill file (text + the recovery's tool sequence as a macro without fixed values);
 - `tool_description`: the tool's description with a note on the values it refuses;
-- `training_examples`: the successful recovery episodes of the cluster, for the model's training data.
+- `training_examples`: the successful recovery episodes of the cluster, for the model's training data;
+- `grounding`: ground the names in tool arguments (harness/grounding.py): failed episodes called tools
+  with a name the conversation never showed, one request name away from the right one, and successful
+  episodes (almost) never did.
 
 A version directory `<root>/versions/<X.Y.Z>/` holds `manifest.json` (version, parent, created, the
 proposals with their approval records, `auto_approved`, sha256 of every file), `rewrites.json`,
-`descriptions.json`, `skills/*.json`, `training_examples.jsonl`. It is written to a temporary
+`descriptions.json`, `grounding.json`, `skills/*.json`, `training_examples.jsonl`. It is written to a temporary
 directory and renamed into place (atomic); `<root>/CHANGELOG.md` gets one entry per version and
 `<root>/CURRENT` names the newest. Nothing changes without a recorded approval.
 """
@@ -68,7 +71,9 @@ def _tool_calls(traj: Trajectory) -> list[tuple[int, Any, Any]]:
 
 
 def mine(trajectories: Iterable[Trajectory], min_count: int = 2) -> list[dict[str, Any]]:
-    """Cluster failures by (tool, error code, template) and turn clusters into proposals with evidence."""
+    """Cluster failures by (tool, error code, template) and turn clusters into proposals with evidence;
+    add the `grounding` proposals of `mine_grounding`."""
+    trajectories = list(trajectories)
     clusters: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     episodes: dict[str, Trajectory] = {}
     for traj in trajectories:
@@ -101,7 +106,55 @@ def mine(trajectories: Iterable[Trajectory], min_count: int = 2) -> list[dict[st
             continue
         cluster = f"{tool}|{code}|{template}"
         proposals += _proposals_for(tool, code, template, cluster, ev, episodes)
-    return proposals
+    return proposals + mine_grounding(trajectories, min_count=min_count)
+
+
+def _ungrounded(traj: Trajectory) -> list[tuple[int, str, str, list[tuple[str, str]]]]:
+    """(step, tool, arg, replacements) for each string argument of a tool call that grounding would change,
+    judged on what the episode had shown before that call (its prompt messages and earlier tool results)."""
+    from mpa_jax.harness.grounding import ground_value
+
+    msgs = traj.messages
+    first = next((i for i, m in enumerate(msgs) if m.get("role") == "tool"), len(msgs))
+    # the prompt: everything before the episode's first assistant turn that precedes a tool result
+    prompt_end = max((i for i in range(first) if msgs[i].get("role") == "user"), default=0) + 1
+    seen = [str(m.get("content") or "") for m in msgs[:prompt_end]]
+    request = "\n".join(str(m.get("content") or "") for m in msgs[1:prompt_end])
+    out = []
+    for i, step in enumerate(traj.steps):
+        a, fb = step.action, step.feedback
+        if a.kind == "tool_call" and isinstance(a.arguments, dict):
+            for key, value in a.arguments.items():
+                if isinstance(value, str):
+                    _, rep = ground_value(value, "\n".join(seen), request)
+                    if rep:
+                        out.append((i, a.name, key, rep))
+        if fb is not None and fb.result is not None:
+            seen.append(json.dumps(fb.result, ensure_ascii=False))
+    return out
+
+
+def mine_grounding(trajectories: Iterable[Trajectory], min_count: int = 2) -> list[dict[str, Any]]:
+    """One `grounding` proposal {tool: "*", arg: "*"} when ungrounded names (harness/grounding.py) show up
+    in at least `min_count` failed tasks and in at most a quarter as many successful episodes (grounding
+    must not touch what works). A planner that invents names does so in any argument of any tool, and
+    each (tool, argument) alone is rarely seen twice in a round's traces."""
+    fails: list[dict[str, Any]] = []
+    wins = 0
+    for traj in trajectories:
+        if traj.infra_failure or traj.verification is None:
+            continue
+        for step, tool, key, rep in _ungrounded(traj):
+            if traj.verification.success:
+                wins += 1
+            else:
+                fails.append({"task_id": traj.task_id, "step": step, "tool": tool, "arg": key, "success": False,
+                              "message": "; ".join(f"{a!r} not in the conversation, the request has {b!r}" for a, b in rep)})
+    if len({e["task_id"] for e in fails}) < min_count or wins * 4 > len(fails):
+        return []
+    cluster, payload = "*|UNGROUNDED_NAME|*", {"tool": "*", "arg": "*"}
+    return [{"id": _pid("grounding", cluster, payload), "kind": "grounding", "cluster": cluster, "payload": payload,
+             "evidence": fails}]
 
 
 def _proposals_for(tool: str, code: str, template: str, cluster: str, ev: list[dict[str, Any]],
@@ -209,10 +262,10 @@ def release(store: HarnessStore, root: str, trajectories: Iterable[Trajectory] =
     tmp = tempfile.mkdtemp(dir=versions, prefix=f".{version}-")
     try:
         prev = os.path.join(versions, parent)
-        rewrites, descriptions = [], {}
+        rewrites, descriptions, grounding = [], {}, []
         if os.path.isdir(prev):
             old = read_version(prev)
-            rewrites, descriptions = list(old.rewrites), dict(old.descriptions)
+            rewrites, descriptions, grounding = list(old.rewrites), dict(old.descriptions), list(old.grounding)
             if os.path.isdir(os.path.join(prev, "skills")):
                 shutil.copytree(os.path.join(prev, "skills"), os.path.join(tmp, "skills"))
         os.makedirs(os.path.join(tmp, "skills"), exist_ok=True)
@@ -224,6 +277,9 @@ def release(store: HarnessStore, root: str, trajectories: Iterable[Trajectory] =
                 rewrites.append(pay)
             elif p["kind"] == "tool_description":
                 descriptions[pay["tool"]] = pay["description"]
+            elif p["kind"] == "grounding":
+                if pay not in grounding:
+                    grounding.append(pay)
             elif p["kind"] == "skill":
                 with open(os.path.join(tmp, "skills", pay["name"] + ".json"), "w", encoding="utf-8") as f:
                     json.dump(pay, f, indent=2, sort_keys=True)
@@ -236,6 +292,8 @@ def release(store: HarnessStore, root: str, trajectories: Iterable[Trajectory] =
             json.dump(rewrites, f, indent=2, sort_keys=True)
         with open(os.path.join(tmp, "descriptions.json"), "w", encoding="utf-8") as f:
             json.dump(descriptions, f, indent=2, sort_keys=True)
+        with open(os.path.join(tmp, "grounding.json"), "w", encoding="utf-8") as f:
+            json.dump(grounding, f, indent=2, sort_keys=True)
         with open(os.path.join(tmp, "training_examples.jsonl"), "w", encoding="utf-8") as f:
             f.write("".join(e + "\n" for e in examples))
         files = {}
@@ -306,8 +364,12 @@ def read_version(path: str) -> Any:
         rewrites = json.load(f)
     with open(os.path.join(path, "descriptions.json"), encoding="utf-8") as f:
         descriptions = json.load(f)
+    grounding = []  # versions released before grounding existed have no grounding.json
+    if os.path.isfile(os.path.join(path, "grounding.json")):
+        with open(os.path.join(path, "grounding.json"), encoding="utf-8") as f:
+            grounding = json.load(f)
     skills = os.path.join(path, "skills")
-    return HarnessVersion(version=str(manifest["version"]), rewrites=rewrites, descriptions=descriptions,
+    return HarnessVersion(version=str(manifest["version"]), rewrites=rewrites, descriptions=descriptions, grounding=grounding,
                           skills_dir=skills if os.path.isdir(skills) else "", auto_approved=bool(manifest.get("auto_approved")))
 
 
@@ -315,4 +377,4 @@ def store_path(root: str) -> str:
     return os.path.join(root, "store.sqlite")
 
 
-__all__ = ["EvolutionError", "HarnessStoreError", "mine", "submit", "release", "withdraw", "read_version", "read_traces", "current_version"]
+__all__ = ["EvolutionError", "HarnessStoreError", "mine", "mine_grounding", "submit", "release", "withdraw", "read_version", "read_traces", "current_version"]

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable
 
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Task, ToolSpec, Trajectory
 from mpa_jax.harness.config import HARNESS_VERSION, HarnessConfig
+from mpa_jax.harness.grounding import ground_arguments
 from mpa_jax.harness.normalise import normalise_arguments, schema_hint
 from mpa_jax.harness.registry import SandboxTools, ToolProvider, ToolRegistry, unknown_tool_feedback
 from mpa_jax.harness.skills import RUN_SKILL_SPEC, SHIPPED_DIR, SkillLibrary, run_macro, skills_prompt
@@ -63,6 +64,7 @@ class HarnessVersion:
     version: str = HARNESS_VERSION
     rewrites: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     descriptions: dict[str, str] = dataclasses.field(default_factory=dict)
+    grounding: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # {tool, arg}: harness/grounding.py
     skills_dir: str = ""
     auto_approved: bool = False
 
@@ -189,6 +191,8 @@ class HarnessEnv:
         self.subagents: list[SubagentRun] = []
         self.normalised = 0
         self.records = 0
+        self._seen: list[str] = []  # what the episode has shown (prompt, tool results): grounded names
+        self._request = ""  # the user's side of the conversation: where grounded names come from
 
     # ---------------------------------------------------------------- protocol
     def tool_specs(self, task: Task) -> list[ToolSpec]:
@@ -200,6 +204,8 @@ class HarnessEnv:
         self.episode = f"{task.id}:{uuid.uuid4().hex[:10]}"
         self.subagents, self.normalised, self.records = [], 0, 0
         messages = [dict(m) for m in obs["messages"]]
+        self._seen = [str(m.get("content") or "") for m in messages]
+        self._request = "\n".join(str(m.get("content") or "") for m in messages if m.get("role") != "system")
         from mpa_jax.harness.retrieval import catalog_index, request_query
 
         query = request_query(messages[1:])
@@ -246,6 +252,7 @@ class HarnessEnv:
         except Exception as e:  # noqa: BLE001 - the harness's own failure is the world's fault
             fb = Feedback.error(ErrorCode.INFRA, f"harness error: {type(e).__name__}: {e}", action.call_id)
         fb = self._with_hint(fb, action)
+        self._saw(fb)
         self._record(agent, "feedback", {"call_id": action.call_id, "feedback": fb.to_dict()})
         for p in self.session.extra:  # e.g. memory: remember what happened (a provider's own choice)
             observe = getattr(p, "observe", None)
@@ -339,6 +346,12 @@ class HarnessEnv:
                 self.normalised += 1
                 self._record(agent, "normalise", {"tool": name, "changes": changes})
                 args = new
+            if self.session.version.grounding:
+                new, changes = ground_arguments(args, name, self.session.version.grounding, "\n".join(self._seen), self._request)
+                if changes:
+                    self.normalised += 1
+                    self._record(agent, "normalise", {"tool": name, "changes": changes})
+                    args = new
         provider = reg.provider(name) if name in reg else None
         if provider is not None and provider.source != "sandbox":
             err = reg.validate(name, args)
@@ -347,6 +360,11 @@ class HarnessEnv:
             fb = _call_provider(provider, name, args, call_id)
             return fb
         return self.env.step(Action(kind="tool_call", name=name, arguments=args, call_id=call_id, raw=raw, agent=agent))
+
+    def _saw(self, fb: Feedback | None) -> None:
+        """A tool result the planner has now seen: names in it are grounded (harness/grounding.py)."""
+        if fb is not None and fb.result is not None:
+            self._seen.append(json.dumps(fb.result, ensure_ascii=False))
 
     def _with_hint(self, fb: Feedback, action: Action) -> Feedback:
         if fb is None or fb.ok or fb.error_code is None:
@@ -416,6 +434,7 @@ class HarnessEnv:
                 sub_action = Action.tool_call(c["name"], c.get("arguments", {}), call_id=cid, agent=role)
                 self._record(role, "action", {"action": sub_action.to_dict()})
                 fb = self._with_hint(self._call(c["name"], c.get("arguments", {}), cid, role, allowed=allowed), sub_action)
+                self._saw(fb)
                 self._record(role, "feedback", {"call_id": cid, "feedback": fb.to_dict()})
                 run.steps.append({"action": sub_action.to_dict(), "feedback": fb.to_dict()})
                 run.messages.append(_tool_message(fb))

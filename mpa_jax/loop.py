@@ -320,24 +320,28 @@ class Loop:
                 "metrics_path": res.metrics_path, "resumed_from": res.resumed_from,
                 "history": [{k: float(v) for k, v in h.items() if isinstance(v, (int, float)) and math.isfinite(float(v))} for h in hist]}
 
-    def harness(self, round_index: int, eval_result: dict[str, Any], data_result: dict[str, Any] | None) -> dict[str, Any]:
-        """Mine failure traces (held-out eval and the round's data) into proposals, review them by
-        `config.loop.harness_review`, release a version when any is approved (harness evolution)."""
+    def harness(self, round_index: int, eval_result: dict[str, Any], data_result: dict[str, Any] | None,
+                rollouts_dir: str = "") -> dict[str, Any]:
+        """Mine failure traces into proposals, review them by `config.loop.harness_review`, release a version
+        when any is approved (harness evolution). Proposals come from the training side only (the round's
+        data: curated episodes and the failures kept apart; its RL rollouts), so the evaluation tasks never
+        shape the harness they are measured with; the evaluation's failures are clustered for the report."""
         from mpa_jax.data import failure_clusters
         from mpa_jax.envs import Trajectory, read_jsonl
 
-        episodes: list[Any] = []
+        def read_dir(run_dir: str) -> list[Any]:
+            return [t for f in (sorted(os.listdir(run_dir)) if run_dir and os.path.isdir(run_dir) else [])
+                    if f.endswith(".jsonl") for t in read_jsonl(os.path.join(run_dir, f), Trajectory)]
+
         eval_dir = os.path.dirname(eval_result["eval_json"])
-        for mode in ("off", "on"):
-            run_dir = os.path.join(eval_dir, mode)
-            for f in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
-                if f.endswith(".jsonl"):
-                    episodes += read_jsonl(os.path.join(run_dir, f), Trajectory)
+        evaluated = read_dir(os.path.join(eval_dir, "off")) + read_dir(os.path.join(eval_dir, "on"))
+        episodes: list[Any] = read_dir(rollouts_dir)
         if data_result:
             for key in ("failures_path", "path"):
                 if os.path.exists(data_result.get(key, "")):
                     episodes += read_jsonl(data_result[key], Trajectory)
-        failures = [t for t in episodes if not t.infra_failure and t.verification is not None and not t.verification.success]
+        failures = [t for t in episodes + evaluated if not t.infra_failure and t.verification is not None
+                    and not t.verification.success]
         clusters = failure_clusters(failures)
         mined = self.path("harness", f"r{round_index}", "failure_clusters.json")
         _write_json(mined, {"failures": len(failures), "clusters": clusters})
@@ -440,7 +444,7 @@ class Loop:
                                                                    int(cfg.loop.refresh_steps), float(cfg.loop.refresh_lr)))
                 current = ref["export_dir"]
             ev = self.stage(f"eval/r{r}", lambda: self.evaluate(f"r{r}", current, harness_dir))
-            h = self.stage(f"r{r}/harness", lambda: self.harness(r, ev, data_prev))
+            h = self.stage(f"r{r}/harness", lambda: self.harness(r, ev, data_prev, rl.get("rollouts_dir", "")))
             rows.append((f"round {r}", ev, harness_version))
             harness_version, harness_dir = h.get("version", harness_version), h.get("version_dir", harness_dir)
             data_prev = self.stage(f"r{r}/data", lambda: self.build_data(r, current, rl.get("rollouts_dir", "")))
@@ -514,12 +518,12 @@ def format_headline(summary: dict[str, Any]) -> str:
     cats = sorted({c for s in stages for c in s["by_category"]})
     n_seen = next((s.get("tasks_seen") for s in stages if s.get("tasks_seen") is not None), 0)
     n_held = next((s.get("tasks_held_out") for s in stages if s.get("tasks_held_out") is not None), 0)
-    head = (f"{'stage':<11}{'overall':>9}{'seen tmpl':>11}{'held-out':>10}" + "".join(f"{c:>11}" for c in cats)
+    head = (f"{'stage':<11}{'overall':>9}{'seen tmpl':>11}{'held-out tmpl':>15}" + "".join(f"{c:>11}" for c in cats)
             + f"{'out tok':>9}{'calls':>7}{'cost/1k':>9}  weights / harness")
-    lines = [f"greedy success on the same {summary['heldout_tasks']} {summary['split']} tasks "
+    lines = [f"greedy success on the same {summary['heldout_tasks']} held-out {summary['split']} tasks, none trained on "
              f"({n_seen} of templates seen in training, {n_held} of held-out templates)", head]
     for s in stages:
-        lines.append(f"{s['name']:<11}{_pct(s['success']):>9}{_pct(s.get('success_seen')):>11}{_pct(s.get('success_held_out')):>10}" + "".join(
+        lines.append(f"{s['name']:<11}{_pct(s['success']):>9}{_pct(s.get('success_seen')):>11}{_pct(s.get('success_held_out')):>15}" + "".join(
             f"{100 * s['by_category'][c]:10.1f}%" if c in s["by_category"] else f"{'-':>11}" for c in cats)
             + f"{s['mean_output_tokens']:9.1f}{s['mean_tool_calls']:7.2f}{s['cost_per_1k_tasks']:9.4f}  {s['weight_version']} / {s['harness_version']}"
             + (f" (harness off: {_pct(s.get('success_harness_off'))})" if s.get("harness_mode") == "on" else ""))

@@ -91,9 +91,9 @@ def test_two_round_loop_killed_and_resumed(tmp_path, tmp_path_factory):
     assert (workdir / "final" / "tokenizer.json").exists() or any(f.startswith("tokenizer") for f in os.listdir(workdir / "final"))
     html = (workdir / "report.html").read_text()
     assert html.count('<img class="plot"') >= 4 and "round 2" in html
-    assert "greedy success on the same 4 test tasks" in res.stdout and "report:" in res.stdout
+    assert "greedy success on the same 4 held-out test tasks" in res.stdout and "report:" in res.stdout
     # seen / held-out templates split out per stage (counts add up to the evaluated tasks)
-    assert "seen tmpl" in res.stdout and "held-out" in res.stdout
+    assert "seen tmpl" in res.stdout and "held-out tmpl" in res.stdout
     for s in summary["stages"]:
         assert s["tasks_seen"] + s["tasks_held_out"] == 4
 

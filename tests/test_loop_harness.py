@@ -1,6 +1,6 @@
-"""The loop's harness stage: failures of the held-out eval and of the round's data are mined into
-proposals, reviewed by `loop.harness_review` and released as a harness version (auto), or queued with
-the reason recorded (manual). Uses the harness evolution of issue 14 on real sandbox episodes: a planner
+"""The loop's harness stage: failures of the round's training side (its data, its RL rollouts) are mined
+into proposals, reviewed by `loop.harness_review` and released as a harness version (auto), or queued with
+the reason recorded (manual); the held-out eval's failures are clustered for the report and never mined. Uses the harness evolution of issue 14 on real sandbox episodes: a planner
 that says relation "coworker" (refused: the enum says colleague) and then fixes it."""
 import json
 import os
@@ -40,9 +40,15 @@ def test_harness_stage_releases_a_reviewed_version(tmp_path, review):
     run_dir = tmp_path / "eval" / "r1" / "off"
     run_dir.mkdir(parents=True)
     write_jsonl(str(run_dir / "run0.jsonl"), _episodes())
+    # the same failures in the held-out eval only: clustered for the report, no proposal
     res = loop.harness(1, {"eval_json": str(tmp_path / "eval" / "r1" / "eval.json")}, None)
+    assert res["failures"] >= 2 and res["clusters"] and res["proposals"] == 0 and res["skipped"] == "release: no proposals mined"
+    rollouts = tmp_path / "r1" / "rl" / "rollouts"
+    rollouts.mkdir(parents=True)
+    write_jsonl(str(rollouts / "step_000001.jsonl"), _episodes())
+    res = loop.harness(1, {"eval_json": str(tmp_path / "eval" / "r1" / "eval.json")}, None, str(rollouts))
     mined = json.loads(open(res["mined"]).read())
-    assert mined["failures"] >= 0 and res["proposals"] >= 1
+    assert mined["failures"] >= 4 and res["proposals"] >= 1
     if review == "auto":
         assert not res.get("skipped") and res["version"] not in ("none", "")
         manifest = json.loads((tmp_path / "harness" / "versions" / res["version"] / "manifest.json").read_text())
@@ -66,10 +72,10 @@ def test_release_gate_withdraws_a_version_that_lowers_success(tmp_path, monkeypa
     cfg.loop.harness_review = "auto"
     loop = Loop(cfg, str(tmp_path), progress=False)
     monkeypatch.setattr(loop, "release_gate", lambda *a, **k: {"tasks": 4, "candidate": 0.25, "baseline": 0.5, "baseline_harness": "none"})
-    run_dir = tmp_path / "eval" / "r1" / "off"
-    run_dir.mkdir(parents=True)
-    write_jsonl(str(run_dir / "run0.jsonl"), _episodes())
-    res = loop.harness(1, {"eval_json": str(tmp_path / "eval" / "r1" / "eval.json")}, None)
+    rollouts = tmp_path / "r1" / "rl" / "rollouts"
+    rollouts.mkdir(parents=True)
+    write_jsonl(str(rollouts / "step_000001.jsonl"), _episodes())
+    res = loop.harness(1, {"eval_json": str(tmp_path / "eval" / "r1" / "eval.json")}, None, str(rollouts))
     root = tmp_path / "harness"
     assert res["version"] == "none" and res["withdrawn"] and "withdrawn by the release gate" in res["skipped"]
     assert (root / "versions" / (res["withdrawn"] + ".withdrawn") / "manifest.json").is_file()
@@ -77,5 +83,5 @@ def test_release_gate_withdraws_a_version_that_lowers_success(tmp_path, monkeypa
     assert evolution.current_version(str(root)) != res["withdrawn"]
     assert f"{res['withdrawn']} withdrawn" in (root / "CHANGELOG.md").read_text()
     # the stage again (a resumed run): nothing new to release, nothing left to gate
-    again = loop.harness(1, {"eval_json": str(tmp_path / "eval" / "r1" / "eval.json")}, None)
+    again = loop.harness(1, {"eval_json": str(tmp_path / "eval" / "r1" / "eval.json")}, None, str(rollouts))
     assert again["version"] == "none" and not again.get("withdrawn")
