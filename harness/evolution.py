@@ -136,21 +136,25 @@ def _ungrounded(traj: Trajectory) -> list[tuple[int, str, str, list[tuple[str, s
 
 def mine_grounding(trajectories: Iterable[Trajectory], min_count: int = 2) -> list[dict[str, Any]]:
     """One `grounding` proposal {tool: "*", arg: "*"} when ungrounded names (harness/grounding.py) show up
-    in at least `min_count` failed tasks and in at most a quarter as many successful episodes (grounding
-    must not touch what works). A planner that invents names does so in any argument of any tool, and
-    each (tool, argument) alone is rarely seen twice in a round's traces."""
+    in at least `min_count` failed episodes and in at most a quarter as many successful ones (grounding
+    must not touch what works). Episodes, not tasks, as the error clusters count: an RL group that
+    invents four different surnames for one request is four pieces of evidence. One rule for any
+    argument of any tool: a planner that invents names does so wherever it copies one, and each
+    (tool, argument) alone is rarely seen twice in a round's traces."""
     fails: list[dict[str, Any]] = []
-    wins = 0
+    failed_episodes = won_episodes = 0
     for traj in trajectories:
         if traj.infra_failure or traj.verification is None:
             continue
-        for step, tool, key, rep in _ungrounded(traj):
-            if traj.verification.success:
-                wins += 1
-            else:
-                fails.append({"task_id": traj.task_id, "step": step, "tool": tool, "arg": key, "success": False,
-                              "message": "; ".join(f"{a!r} not in the conversation, the request has {b!r}" for a, b in rep)})
-    if len({e["task_id"] for e in fails}) < min_count or wins * 4 > len(fails):
+        found = _ungrounded(traj)
+        if found and traj.verification.success:
+            won_episodes += 1
+        elif found:
+            failed_episodes += 1
+            fails += [{"task_id": traj.task_id, "step": step, "tool": tool, "arg": key, "success": False,
+                       "message": "; ".join(f"{a!r} not in the conversation, the request has {b!r}" for a, b in rep)}
+                      for step, tool, key, rep in found]
+    if failed_episodes < min_count or won_episodes * 4 > failed_episodes:
         return []
     cluster, payload = "*|UNGROUNDED_NAME|*", {"tool": "*", "arg": "*"}
     return [{"id": _pid("grounding", cluster, payload), "kind": "grounding", "cluster": cluster, "payload": payload,

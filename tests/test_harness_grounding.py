@@ -115,10 +115,11 @@ def test_mine_proposes_grounding_from_failures_only_when_successes_do_not_need_i
     (prop,) = [p for p in evolution.mine(failed) if p["kind"] == "grounding"]
     assert prop["payload"] == {"tool": "*", "arg": "*"} and {e["task_id"] for e in prop["evidence"]} == {t.id for t in tasks[:2]}
     assert all(e["tool"] == "search_contacts" and e["arg"] == "query" for e in prop["evidence"])
-    # one failed task is not enough evidence
+    # one failed episode is not enough evidence; two of the same task (an RL group) are
     assert not [p for p in evolution.mine(failed[:1]) if p["kind"] == "grounding"]
+    assert [p["kind"] for p in evolution.mine(failed[:1] * 2) if p["kind"] == "grounding"] == ["grounding"]
     # successful episodes that also carry invented names (more than a quarter as many): no proposal
-    won = [_episode(tasks[2], invent=False, extra_invented_search=True) for _ in range(2)]
+    won = [_episode(tasks[2], invent=False, extra_invented_search=True)]
     assert all(t.verification.success for t in won)
     assert not [p for p in evolution.mine(failed + won) if p["kind"] == "grounding"]
     # clean successes are no evidence either way
