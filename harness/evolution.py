@@ -116,7 +116,7 @@ def _ungrounded(traj: Trajectory) -> list[tuple[int, str, str, list[tuple[str, s
 
     msgs = traj.messages
     first = next((i for i, m in enumerate(msgs) if m.get("role") == "tool"), len(msgs))
-    # the prompt: everything before the episode's first assistant turn that precedes a tool result
+    # the prompt ends with the last user message before the first tool result (the request)
     prompt_end = max((i for i in range(first) if msgs[i].get("role") == "user"), default=0) + 1
     seen = [str(m.get("content") or "") for m in msgs[:prompt_end]]
     request = "\n".join(str(m.get("content") or "") for m in msgs[1:prompt_end])
@@ -124,9 +124,10 @@ def _ungrounded(traj: Trajectory) -> list[tuple[int, str, str, list[tuple[str, s
     for i, step in enumerate(traj.steps):
         a, fb = step.action, step.feedback
         if a.kind == "tool_call" and isinstance(a.arguments, dict):
+            shown = "\n".join(seen)
             for key, value in a.arguments.items():
                 if isinstance(value, str):
-                    _, rep = ground_value(value, "\n".join(seen), request)
+                    _, rep = ground_value(value, shown, request)
                     if rep:
                         out.append((i, a.name, key, rep))
         if fb is not None and fb.result is not None:
