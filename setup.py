@@ -54,8 +54,8 @@ setup(
             "transformers==5.24.0",
             "torch==2.13.0",
             "mcp>=2.3,<3",
-            "adbutils>=2.8",  # tests/test_adb*.py drive the real adb server through it
-            "openai>=1.40",  # tests/test_serve_openai.py: the official client against `mpa serve`
+            "adbutils>=2.8",  # tests/integration/test_adb*.py drive the real adb server through it
+            "openai>=1.40",  # tests/integration/test_serve_openai.py: the official client against `mpa serve`
         ],
         "harness": ["mcp>=2.3,<3"],
         "serve": ["fastapi>=0.115", "uvicorn>=0.30"],

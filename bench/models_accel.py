@@ -3,7 +3,7 @@
     python bench/models_accel.py [--batch 2] [--seq 4096] [--steps 5] [--attention xla,cudnn]
 
 On a CPU host (or with --size small) the timed model is a tiny stand-in: a dry run of the script
-(tests/test_benches.py), not a measurement.
+(tests/integration/test_benches.py), not a measurement.
 
 1. Parity: tiny random Qwen3s (GQA 1/2/4, tied and untied, head_dim != hidden/heads, every parameter
    randomised), a batch with one left-padded row. Reference: transformers in float32 on the CPU. Our

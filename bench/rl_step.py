@@ -22,7 +22,7 @@ first-iteration compile), no TRL:
     python bench/rl_step.py --shape qwen3_1_7b --device gpu --prompt-len 1024 --completion-len 256 --iters 2
 
 `--dry-run` runs the same path at a tiny width and depth (the recipe's flags kept) on any backend:
-tests/test_benches.py runs it on CPU.
+tests/integration/test_benches.py runs it on CPU.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ gate (gate.py).
     spec = TEMPLATES[0].fn(Ctx(persona_seed, random.Random(seed)))
 """
 # Each module registers its templates as it is imported, so this import order is the order of TEMPLATES
-# and of the tasks in every split (pinned by tests/test_envs_fingerprint.py): keep it.
+# and of the tasks in every split (pinned by tests/unit/test_envs_fingerprint.py): keep it.
 from mpa_jax.envs.taskgen.registry import GENERATOR_VERSION, TEMPLATES, Ctx, Template, template  # noqa: F401
 from mpa_jax.envs.taskgen.common import CHITCHAT, with_history  # noqa: F401
 from mpa_jax.envs.taskgen import entities  # noqa: F401,E402  (catalog-derived templates first)

@@ -3,7 +3,7 @@
 A template is `fn(ctx) -> dict | None` returning the task's instruction, gold plan, verifier and extras;
 None means "this instance cannot be built" (the generator draws another seed). Templates register as
 their modules are imported; `envs/taskgen/__init__.py` fixes that order, which is the order of tasks in
-every split (pinned by tests/test_envs_fingerprint.py).
+every split (pinned by tests/unit/test_envs_fingerprint.py).
 """
 from __future__ import annotations
 

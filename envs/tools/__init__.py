@@ -10,7 +10,7 @@ executor (sandbox.py, preconditions.py).
     TOOLS["send_sms"].spec.to_openai()
 """
 # The modules register their tools as they are imported, so this import order is the order of TOOLS
-# (part of the benchmark's fingerprint, tests/test_envs_fingerprint.py): keep it.
+# (part of the benchmark's fingerprint, tests/unit/test_envs_fingerprint.py): keep it.
 from mpa_jax.envs.tools.base import DELEGATE_SPEC, NETWORK, TOOLS, Tool, ToolError, handler, register  # noqa: F401
 from mpa_jax.envs.tools.preconditions import check_preconditions  # noqa: F401
 from mpa_jax.envs.tools import tables  # noqa: F401,E402  (table tools first)

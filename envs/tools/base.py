@@ -3,7 +3,7 @@
 A tool is a ToolSpec plus an executor `fn(world, args) -> result` that raises `ToolError` for typed
 failures; `register` compiles its parameter schema into a validator (schema.py). Modules register their
 tools at import, and `envs/tools/__init__.py` imports them in a fixed order: the order of TOOLS is part of
-the benchmark (distractor sampling, catalog listings), pinned by tests/test_envs_fingerprint.py.
+the benchmark (distractor sampling, catalog listings), pinned by tests/unit/test_envs_fingerprint.py.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ CARE (`cfg.algo == "care"`), per rollout i of group g (one task) and competence 
 squashed into (-1, 1) (softsign), so long tasks are not punished for being long and, with
 `lambda_max <= 1`, every success keeps a reward > 0 = a failure's. Amplifying only positive success
 advantages and clipping with a strictly increasing function keep the order of advantages inside a
-group, which is what the invariants in `tests/test_rl_care.py` pin:
+group, which is what the invariants in `tests/unit/test_rl_care.py` pin:
 
 - in every group every success gets a strictly larger advantage than every failure;
 - a group of all failures (or any group of equal rewards) gets zeros;

@@ -6,7 +6,7 @@ held-out instances (dev split: other persona worlds and instance seeds).
 
 prints one JSON line (success, train loss, unigram baseline, seconds; with --eval-every, the curve: greedy
 success, held-out loss and training seconds at every eval point). Several comma-separated templates train
-one model on all of them (`--train` instances each) and report success per template. tests/test_learning.py runs it in a
+one model on all of them (`--train` instances each) and report success per template. tests/integration/test_learning.py runs it in a
 subprocess on one host device (eight virtual devices on two busy cores make the all-reduce rendezvous of
 XLA:CPU wait on threads the OS has not scheduled), docs/learning.md uses it for quick sweeps.
 """

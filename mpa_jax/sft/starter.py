@@ -7,7 +7,7 @@ runs, each step resumable: the project tokenizer -> oracle demonstrations on the
 a final greedy evaluation on dev tasks of seen and of held-out templates -> `<out>/datasheet.json` and
 `<out>/metrics.jsonl`. The datasheet records the recipe (the config sections that decide the weights),
 the data, steps, tokens, wall time and the held-out metrics; `check_datasheet` compares it with the
-recipe as the repository has it now (tests/test_learning.py).
+recipe as the repository has it now (tests/integration/test_learning.py).
 """
 from __future__ import annotations
 

@@ -1,0 +1,113 @@
+"""The package layout, the light-import rule and the CLI's contract (exit codes, one-line errors)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpa_jax import cli
+from mpa_jax.config import ConfigError, apply_override, load_config_file
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny.py")
+
+
+@pytest.mark.parametrize("module", ["mpa_jax", "mpa_jax.envs", "mpa_jax.harness", "mpa_jax.cli", "mpa_jax.envs.contract"])
+def test_light_imports_do_not_load_jax(module):
+    code = f"import sys, {module}; heavy = [m for m in ('jax', 'flax', 'torch') if m in sys.modules]; print(heavy)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"{module} imported {out.strip()}"
+
+
+def test_mapped_folders_are_not_top_level_packages():
+    import mpa_jax.envs
+    import mpa_jax.harness
+    import mpa_jax.kernels
+
+    assert Path(mpa_jax.envs.__file__).parent == ROOT / "envs"
+    assert Path(mpa_jax.kernels.__file__).parent == ROOT / "kernels"
+    for name in ("envs", "harness", "kernels"):
+        code = f"import importlib.util, sys; sys.path = [p for p in sys.path if p not in ('', {str(ROOT)!r})]; print(importlib.util.find_spec({name!r}) is None or 'site-packages' in str(importlib.util.find_spec({name!r}).origin))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True).stdout
+        assert out.strip() == "True", f"{name} is importable as a top-level package from the project"
+
+
+def _mpa(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "mpa_jax.cli", *args], capture_output=True, text=True, cwd=cwd or ROOT)
+
+
+def test_help_lists_every_command():
+    res = _mpa("--help")
+    assert res.returncode == 0
+    for name in cli.COMMANDS:
+        assert name in res.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["nosuchcommand"], "nosuchcommand"),
+        (["tasks", "--config", "configs/missing.py"], "configs/missing.py"),
+        (["tasks", "--config", TINY, "--config.model.nosuch=3"], "model.nosuch"),
+        (["tasks", "--config", TINY, "--config.nosection.x=3"], "nosection"),
+        (["tasks", "--config", TINY, "--config.sft.steps=many"], "sft.steps"),
+        (["tasks", "--config", TINY, "--config.model.tie_word_embeddings=maybe"], "model.tie_word_embeddings"),
+        # raised inside a command (UserError), through `python -m mpa_jax.cli`
+        (["export", "--config", TINY, "--checkpoint", "/nonexistent/ckpt", "--out", "/tmp/unused"], "/nonexistent/ckpt"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_naming_it(args, needle, tmp_path):
+    res = _mpa(*args, "--workdir", str(tmp_path / "run"))
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, res.stderr
+    assert needle in lines[0]
+
+
+def test_overrides_keep_types_and_reach_the_config():
+    config = load_config_file(TINY)
+    apply_override(config, "sft.steps", "7")
+    apply_override(config, "sft.lr", "1e-4")
+    apply_override(config, "model.tie_word_embeddings", "false")
+    apply_override(config, "model.family", "qwen3_5")
+    assert config.sft.steps == 7 and isinstance(config.sft.steps, int)
+    assert config.sft.lr == pytest.approx(1e-4)
+    assert config.model.tie_word_embeddings is False
+    assert config.model.family == "qwen3_5"
+    with pytest.raises(ConfigError, match="model.hidden"):
+        apply_override(config, "model.hidden", "3")
+    with pytest.raises(ConfigError, match="is a section"):
+        apply_override(config, "model", "3")
+
+
+def test_every_shipped_config_loads():
+    for path in sorted((ROOT / "configs").glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        config = load_config_file(str(path))
+        assert config.model.vocab_size > 0, path.name
+
+
+def test_run_directory_gets_the_resolved_config(tmp_path, monkeypatch):
+    seen = {}
+
+    class Fake:
+        @staticmethod
+        def add_arguments(parser):
+            parser.add_argument("--flag", default="x")
+
+        @staticmethod
+        def run(args, config):
+            seen["workdir"], seen["steps"], seen["flag"] = args.workdir, config.sft.steps, args.flag
+            return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "fake", ("fake_cmd_module", "a test command"))
+    monkeypatch.setitem(sys.modules, "fake_cmd_module", Fake)
+    workdir = tmp_path / "run"
+    rc = cli.main(["fake", "--config", TINY, "--workdir", str(workdir), "--config.sft.steps=11", "--flag", "y"])
+    assert rc == 0
+    assert seen == {"workdir": str(workdir), "steps": 11, "flag": "y"}
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["sft"]["steps"] == 11
