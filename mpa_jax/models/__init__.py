@@ -15,6 +15,9 @@ Public API (every function dispatches on `cfg.family` to a family module; see re
     state = models.init_decode_state(cfg, batch, max_len, dtype=None)
     logits, state = models.decode(cfg, params, input_ids, positions, state, attention_mask=None)
     params = models.decode_params(cfg, params)           # once per jitted decode loop, before it
+    state = models.init_slot_state(cfg, slots, max_len, dtype=None)          # slot rows (ring caches)
+    logits, state = models.prefill_slots(cfg, params, state, ids, mask, rows, column, dtype=None)
+    logits, state = models.decode_slots(cfg, params, tokens, positions, live, state, column)
     model = models.from_pretrained(path, dtype="float32", mesh=None, rules=None)
     logits = model(input_ids)
     models.save_pretrained(model, out_dir, tokenizer_dir=None, dtype=None)
@@ -41,6 +44,22 @@ are finished, so their filler tokens are never attended). `positions` [B, T] are
 which the caller tracks per row: for a left-padded prompt `cumsum(mask) - 1` (clipped at 0), then
 `last + 1` for each step. The logits returned are float32 [B, T, V] for the T new tokens. Decoding
 beyond max_len is not checked inside jit: keep index + T <= max_len.
+
+Slot decoding (`decode_slots`), for the engine's continuous batching: every row of a *slot state* is
+its own request at its own position, admitted and retired independently. Attention caches are rings of
+`max_len` columns with one write column shared by every row: a step writes column `column` of every
+row (a one-column in-place update, not a per-row scatter) and the caller advances it (mod max_len)
+after each step. `prefill_slots` writes N left-padded prompts (ids/mask [N, P]) into rows `rows` [N]
+(a row >= the slot count is dropped: filler) at the P columns just behind `column` (mod max_len),
+replacing everything the row held (its other columns are cleared; recurrent states are replaced), and
+returns each prompt's next-token logits [N, V]. `decode_slots` feeds one token per row, tokens and RoPE
+positions [B] int32; `live` [B] bool marks the rows that hold a request: a live row's token goes in
+`column` and is attended from then on, a row that is not live writes a masked column and keeps its
+recurrent state (its logits are garbage). A row attends to its valid columns in whatever ring order
+(keys carry their positions), so rows admitted at different times share the write column. The caller
+keeps a row's columns from being overwritten: prompt bucket + new tokens <= max_len. Logits are float32
+[B, V]. Each family implements `decode_slots` and declares its caches' ring axes (`slot_cache_axes`);
+`init_slot_state` and `prefill_slots` are generic over them.
 """
 from __future__ import annotations
 
@@ -67,6 +86,10 @@ __all__ = [
     "init_decode_state",
     "decode",
     "decode_params",
+    "init_slot_state",
+    "prefill_slots",
+    "decode_slots",
+    "slot_cache_axes",
     "from_pretrained",
     "save_pretrained",
     "param_count",
@@ -211,6 +234,77 @@ def decode(
 ) -> tuple[jax.Array, Any]:
     """Feed T new tokens (prefill T > 1, step T = 1); returns float32 logits [B, T, V] and the new state."""
     return _family(cfg).decode(cfg, params, input_ids, positions, state, attention_mask)
+
+
+def slot_cache_axes(cfg: ModelConfig) -> dict[str, Any]:
+    """Per cache leaf of a slot state's `layers`, its ring axis (None: a per-row state without one)."""
+    return _family(cfg).slot_cache_axes(cfg)
+
+
+def init_slot_state(cfg: ModelConfig, slots: int, max_len: int, dtype: Any = None) -> dict[str, Any]:
+    """Empty slot state for `slots` rows of up to `max_len` tokens: `{"layers", "kv_mask"}` as
+    `init_decode_state` builds them (the ring's write column is the caller's, so no `index`)."""
+    state = init_decode_state(cfg, slots, max_len, dtype)
+    return {"layers": state["layers"], "kv_mask": state["kv_mask"]}
+
+
+def prefill_slots(
+    cfg: ModelConfig,
+    params: Any,
+    state: dict[str, Any],
+    input_ids: jax.Array,
+    attention_mask: jax.Array,
+    rows: jax.Array,
+    column: jax.Array,
+    dtype: Any = None,
+) -> tuple[jax.Array, dict[str, Any]]:
+    """Write N left-padded prompts [N, P] into slot rows `rows` [N] (rows out of range are dropped),
+    ending just behind ring column `column`; returns their next-token logits [N, V] float32 and the
+    state (see the module docstring). `dtype`: the caches' dtype (as given to `init_slot_state`).
+
+    Generic over the families: the prompts run through `decode` on a fresh P-column cache, then every
+    cache leaf is placed in its rows by its `slot_cache_axes` (rolled into the ring columns, or copied
+    whole when it has no ring axis).
+    """
+    n, p = input_ids.shape
+    max_len = state["kv_mask"].shape[1]
+    if p > max_len:
+        raise ValueError(f"prefill_slots: prompts of {p} columns do not fit rings of {max_len}")
+    mask = attention_mask.astype(jnp.int32)
+    positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
+    fresh = init_decode_state(cfg, n, p, dtype)
+    if p > 1:
+        # All but the last column first: their logits are dead code, so XLA drops the unembedding there.
+        _, fresh = decode(cfg, params, input_ids[:, :-1], positions[:, :-1], fresh, mask[:, :-1])
+    logits, fresh = decode(cfg, params, input_ids[:, -1:], positions[:, -1:], fresh, mask[:, -1:])
+
+    def place(big: jax.Array, new: jax.Array, axis: int | None) -> jax.Array:
+        new = new.astype(big.dtype)
+        if axis is not None:  # [N, ..., P at axis] -> ring columns [column - P, column) mod max_len, the rest cleared
+            pad = [(0, 0)] * new.ndim
+            pad[axis] = (max_len - p, 0)
+            new = jnp.roll(jnp.pad(new, pad), column, axis=axis)
+        return big.at[rows].set(new, mode="drop")
+
+    axes = slot_cache_axes(cfg)
+    new_layers = {name: {leaf: place(state["layers"][name][leaf], fresh["layers"][name][leaf], axis)
+                         for leaf, axis in leaves.items()}
+                  for name, leaves in axes.items()}
+    return logits[:, 0], {"layers": new_layers, "kv_mask": place(state["kv_mask"], fresh["kv_mask"], 1)}
+
+
+def decode_slots(
+    cfg: ModelConfig,
+    params: Any,
+    tokens: jax.Array,
+    positions: jax.Array,
+    live: jax.Array,
+    state: dict[str, Any],
+    column: jax.Array,
+) -> tuple[jax.Array, dict[str, Any]]:
+    """One token per slot row (tokens, positions [B] int32, live [B] bool) written at ring column
+    `column`; returns float32 logits [B, V] and the new state (see the module docstring)."""
+    return _family(cfg).decode_slots(cfg, params, tokens, positions, live, state, column)
 
 
 def param_count(cfg: ModelConfig) -> int:

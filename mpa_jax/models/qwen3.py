@@ -295,6 +295,32 @@ def decode_mask(state: dict[str, Any], attention_mask: jax.Array | None, t: int)
     return kv_mask, causal[None, None] & kv_mask[:, None, None, :]
 
 
+def _cached_layers(cfg: ModelConfig, params: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                   caches: dict[str, Any], column: jax.Array, mask: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
+    """The decoder over cached keys/values, shared by `decode` (linear cache) and `decode_slots` (rings):
+    the T new tokens' keys/values go in cache columns [column, column + T) of every row, then each
+    attends to the columns `mask` [B, 1, T, S] allows. Returns the logits [B, T, V] float32 and the caches."""
+    scale = cfg.head_dim**-0.5
+    new_layers = {}
+    all_layers = layer_params(cfg, params)
+    for n in range(cfg.num_hidden_layers):
+        p = all_layers[str(n)]
+        cache = caches[str(n)]
+        h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
+        q, k, v = _qkv_fused(cfg, p["self_attn"], h, cos, sin)
+        # New keys/values go in head-major (k [B, K, H, T], v [B, K, T, H]: transposes of T rows only).
+        k_new = k.transpose(0, 2, 3, 1).astype(cache["k"].dtype)
+        v_new = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
+        ck = jax.lax.dynamic_update_slice(cache["k"], k_new, (0, 0, 0, column))
+        cv = jax.lax.dynamic_update_slice(cache["v"], v_new, (0, 0, column, 0))
+        new_layers[str(n)] = {"k": ck, "v": cv}
+        attn = layers.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
+        x = _mlp_fused(cfg, p, x + _out(p["self_attn"], attn))
+    x = layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
+    w = decode_unembedding(cfg, params).astype(x.dtype)
+    return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32), new_layers
+
+
 def decode(
     cfg: ModelConfig,
     params: Params,
@@ -304,28 +330,32 @@ def decode(
     attention_mask: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, Any]]:
     """Run T new tokens through the model against the cache; see mpa_jax.models for semantics."""
-    b, t = input_ids.shape
+    t = input_ids.shape[1]
     idx = state["index"]
     kv_mask, mask = decode_mask(state, attention_mask, t)
     cos, sin = layers.rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-    scale = cfg.head_dim**-0.5
-    x = _embed(cfg, params, input_ids)
-    new_layers = {}
-    all_layers = layer_params(cfg, params)
-    for n in range(cfg.num_hidden_layers):
-        p = all_layers[str(n)]
-        cache = state["layers"][str(n)]
-        h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
-        q, k, v = _qkv_fused(cfg, p["self_attn"], h, cos, sin)
-        # New keys/values go in head-major (k [B, K, H, T], v [B, K, T, H]: transposes of T rows only).
-        k_new = k.transpose(0, 2, 3, 1).astype(cache["k"].dtype)
-        v_new = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
-        ck = jax.lax.dynamic_update_slice(cache["k"], k_new, (0, 0, 0, idx))
-        cv = jax.lax.dynamic_update_slice(cache["v"], v_new, (0, 0, idx, 0))
-        new_layers[str(n)] = {"k": ck, "v": cv}
-        attn = layers.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
-        x = _mlp_fused(cfg, p, x + _out(p["self_attn"], attn))
-    x = layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
-    w = decode_unembedding(cfg, params).astype(x.dtype)
-    logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, input_ids), cos, sin, state["layers"], idx, mask)
     return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}
+
+
+def slot_cache_axes(cfg: ModelConfig) -> dict[str, Any]:
+    """The ring (sequence) axis of every cache leaf of a slot state: k [B, K, H, S] -> 3, v [B, K, S, H] -> 2."""
+    return {str(n): {"k": 3, "v": 2} for n in range(cfg.num_hidden_layers)}
+
+
+def decode_slots(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: jax.Array,
+    positions: jax.Array,
+    live: jax.Array,
+    state: dict[str, Any],
+    column: jax.Array,
+) -> tuple[jax.Array, dict[str, Any]]:
+    """One token per slot row against ring caches; semantics in mpa_jax.models (`decode_slots`)."""
+    kv_mask = jax.lax.dynamic_update_slice(state["kv_mask"], live[:, None], (0, column))
+    # No causal term: a row's valid columns are its own tokens, in ring order (keys carry their positions).
+    mask = kv_mask[:, None, None, :]
+    cos, sin = layers.rope_tables(positions[:, None], cfg.head_dim, cfg.rope_theta)
+    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, tokens[:, None]), cos, sin, state["layers"], column, mask)
+    return logits[:, 0], {"layers": new_layers, "kv_mask": kv_mask}

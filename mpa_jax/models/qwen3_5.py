@@ -468,6 +468,36 @@ def init_decode_state(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = N
     return {"layers": caches, "kv_mask": jnp.zeros((batch, max_len), bool), "index": jnp.zeros((), jnp.int32)}
 
 
+def _cached_layers(cfg: ModelConfig, params: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                   caches: dict[str, Any], column: jax.Array, mask: jax.Array, valid: jax.Array):
+    """The decoder over decode caches, shared by `decode` (linear cache) and `decode_slots` (rings):
+    attention layers write the T new keys/values at columns [column, column + T) and attend as `mask`
+    [B, 1, T, S] allows; DeltaNet layers continue each row's conv and recurrent state over the new
+    tokens that are `valid` [B, T] (others leave it as it was). Returns logits [B, T, V] float32 and
+    the caches."""
+    scale = cfg.head_dim**-0.5
+    new_layers = {}
+    all_layers = layer_params(cfg, params)
+    for n, kind in enumerate(layer_types(cfg)):
+        p = all_layers[str(n)]
+        cache = caches[str(n)]
+        h = rms_norm_1p(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
+        if kind == FULL:
+            q, k, v, gate = _attn_inputs(cfg, p["self_attn"], h, cos, sin)
+            ck = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (0, column, 0, 0))
+            cv = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (0, column, 0, 0))
+            new_layers[str(n)] = {"k": ck, "v": cv}
+            attn = layers.attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
+            x = x + _attn_out(p["self_attn"], attn, gate)
+        else:
+            y, new_layers[str(n)] = deltanet.decode(cfg, p["linear_attn"], h, valid, cache)
+            x = x + y
+        x, _ = _mlp(cfg, p, x)
+    x = rms_norm_1p(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
+    w = decode_unembedding(cfg, params).astype(x.dtype)
+    return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32), new_layers
+
+
 def decode(
     cfg: ModelConfig,
     params: Params,
@@ -483,29 +513,35 @@ def decode(
     kv_mask, mask = decode_mask(state, attention_mask, t)
     valid = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
     cos, sin = _rope(cfg, positions)
-    scale = cfg.head_dim**-0.5
-    x = _embed(cfg, params, input_ids)
-    new_layers = {}
-    all_layers = layer_params(cfg, params)
-    for n, kind in enumerate(layer_types(cfg)):
-        p = all_layers[str(n)]
-        cache = state["layers"][str(n)]
-        h = rms_norm_1p(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
-        if kind == FULL:
-            q, k, v, gate = _attn_inputs(cfg, p["self_attn"], h, cos, sin)
-            ck = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (0, idx, 0, 0))
-            cv = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (0, idx, 0, 0))
-            new_layers[str(n)] = {"k": ck, "v": cv}
-            attn = layers.attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
-            x = x + _attn_out(p["self_attn"], attn, gate)
-        else:
-            y, new_layers[str(n)] = deltanet.decode(cfg, p["linear_attn"], h, valid, cache)
-            x = x + y
-        x, _ = _mlp(cfg, p, x)
-    x = rms_norm_1p(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
-    w = decode_unembedding(cfg, params).astype(x.dtype)
-    logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, input_ids), cos, sin, state["layers"], idx, mask, valid)
     return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}
+
+
+def slot_cache_axes(cfg: ModelConfig) -> dict[str, Any]:
+    """The ring axis of every cache leaf of a slot state: attention k/v [B, S, K, H] -> 1; DeltaNet's
+    conv inputs and recurrent state have none (None: one state per row, replaced on admission)."""
+    return {str(n): ({"k": 1, "v": 1} if kind == FULL else {"conv": None, "recurrent": None})
+            for n, kind in enumerate(layer_types(cfg))}
+
+
+def decode_slots(
+    cfg: ModelConfig,
+    params: Params,
+    tokens: jax.Array,
+    positions: jax.Array,
+    live: jax.Array,
+    state: dict[str, Any],
+    column: jax.Array,
+) -> tuple[jax.Array, dict[str, Any]]:
+    """One token per slot row against ring attention caches and per-row DeltaNet states; semantics in
+    mpa_jax.models (`decode_slots`). A row that is not live keeps its DeltaNet state."""
+    check(cfg)
+    kv_mask = jax.lax.dynamic_update_slice(state["kv_mask"], live[:, None], (0, column))
+    mask = kv_mask[:, None, None, :]  # ring order: no causal term (keys carry their positions)
+    cos, sin = _rope(cfg, positions[:, None])
+    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, tokens[:, None]), cos, sin, state["layers"], column,
+                                        mask, live[:, None])
+    return logits[:, 0], {"layers": new_layers, "kv_mask": kv_mask}
 
 
 # ---- abstract size report -----------------------------------------------------------------------------

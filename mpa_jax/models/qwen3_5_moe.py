@@ -22,6 +22,7 @@ from mpa_jax.models.qwen3_5 import (  # noqa: F401 - the family functions regist
     config_from_hf,
     config_to_hf,
     decode,
+    decode_slots,
     forward_with_aux,
     generation_config,
     hf_adapt_config,
@@ -34,6 +35,7 @@ from mpa_jax.models.qwen3_5 import (  # noqa: F401 - the family functions regist
     layer_types,
     param_logical_axes,
     scan_period,
+    slot_cache_axes,
     unembedding,
 )
 

@@ -24,6 +24,15 @@ Required:
     init_decode_state(cfg, batch, max_len, dtype) -> state pytree
     decode(cfg, params, input_ids, positions, state, attention_mask) -> (logits [B, T, V] float32, state)
         Incremental decoding; semantics documented in `mpa_jax.models.__init__` (shared by all families).
+    decode_slots(cfg, params, tokens, positions, live, state, column) -> (logits [B, V] float32, state)
+        One token per row of a *slot state* (the serving/rollout engine's rows, each its own request at
+        its own position): ring caches with one write column shared by every row, per-row recurrent
+        states; semantics in `mpa_jax.models.__init__`. The state is `init_decode_state`'s without
+        `index` (`models.init_slot_state`).
+    slot_cache_axes(cfg) -> tree
+        Same structure as the state's `layers`: per cache leaf its ring (sequence) axis, or None for a
+        per-row state without one (DeltaNet's conv and recurrent state). `models.prefill_slots` places
+        a prefilled prompt into slot rows with it, generically.
     hf_mapping(cfg) -> list[hf_io.TensorMap]
         How parameters map to Hugging Face safetensors names: each `TensorMap(path, hf_names, transpose)`
         says that the param leaf at `path` (tuple of dict keys) is the HF tensor `hf_names[0]` (transposed
@@ -67,6 +76,8 @@ REQUIRED = (
     "unembedding",
     "init_decode_state",
     "decode",
+    "decode_slots",
+    "slot_cache_axes",
     "hf_mapping",
 )
 
