@@ -1,38 +1,46 @@
-"""Slot-based decoding for a server: requests join and leave the running batch between decode chunks.
+"""Slot decoding: the engine's rows, each a request that joins and leaves the running batch between chunks.
 
-`JaxEngine.generate` decodes a whole batch as one compiled program, so a request that arrives while it
-runs waits for all of it. `SlotDecoder` instead keeps a fixed number of *slots* (the server's rows),
-each a row of a batched KV cache of `max_len` columns, and three kinds of jitted programs:
+`SlotDecoder` keeps a fixed number of *slots* (rows of a batched decode state of `max_len` ring columns,
+`models.init_slot_state`) and three kinds of jitted programs, all written against the model-family
+functions (`models.prefill_slots`, `models.decode_slots`), so every family runs here:
 
-- `prefill`: writes up to `nb` new prompts per replica (left-padded to a power-of-two bucket) into free
-  slots (their cache rows and next-token logits); other slots are untouched.
+- `prefill`: writes up to `max_prefill` new prompts per replica (left-padded to a prompt bucket) into
+  free slots (their cache rows, recurrent states and next-token logits); other slots are untouched.
 - `decode chunk`: `chunk` decode steps over the slots in use (a prefix of each replica's slots), each
   slot with its own temperature, top-k/top-p, seed, step counter, stop ids and token budget (the
-  vocabulary rule applies: ids >= `vocab_limit` are never sampled). A slot stops on a stop id
-  (`<|im_end|>`) or its budget; finished and free slots ride along masked.
-- `decode_params`: the weights prepared once per weight version (as JaxEngine does inside its program).
+  vocabulary rule applies: ids >= `vocab_limit` are never sampled). A slot stops on a stop id or its
+  budget; finished and free slots ride along masked.
+- `decode_params`: the weights prepared once per weight version (`set_weights`).
+
+The caches are rings: every step writes column `head` of every row and advances the head, so slots at
+different lengths share one write column; a prompt is placed in the columns just behind the head when
+it is admitted. A live row's tokens are therefore the last `prompt bucket + tokens so far` columns
+behind the head, and a chunk attends over a *window* of the ring just wide enough for its longest live
+row (a power of two, gathered once per chunk; the new columns are written back in place): a step's
+attention costs what the rows hold, not `max_len`. A chunk never wraps the ring (max_len is a multiple
+of the long chunk, and a long chunk starts only at a head aligned to it), so the write-back is one
+in-place update.
 
 `SlotLoop` is the host side: a thread that, between chunks, admits waiting requests into free slots,
-hands each request its new tokens (`on_update`; a request that only wants its result gets one call),
-retires finished or cancelled requests, and runs the chunk. A request arriving mid-generation waits at
-most one chunk plus one prefill. A lone settled request (nobody else running or waiting) runs in
-chunks of `long_chunk` steps (default 4 x chunk): fewer host round trips per token.
+hands each request its new tokens (`on_update`), resolves its future with the `GenerateResult`, retires
+finished or stopped requests, and runs the next chunk. A request arriving mid-generation waits at most
+one chunk plus one prefill. A lone settled request (nobody else running or waiting) runs in chunks of
+`long_chunk` steps (default 4 x chunk): fewer host round trips per token. Weight updates happen between
+chunks (`paused()`); every result names the weight versions its tokens came from. The thread exits
+after `idle_exit_s` without work (an engine nobody uses holds no thread) and restarts on the next
+request.
 
-The caches are rings: every step writes column `head` of every row (the batched engine step's
-in-place one-column update) and advances the head, so slots at different lengths share one write
-column; a prompt is placed in the columns just behind the head when it is admitted, and a row attends
-to its valid columns in whatever order (keys carry their RoPE positions). Token t of a request is drawn
-from `fold_in(key(seed), t)` as in JaxEngine, so a request's tokens do not depend on what else runs
-(up to float rounding between batch shapes). With engine replicas (CPU: one device per core) the slots
-are split over those devices and every program runs per replica under `shard_map` (no SPMD
-partitioning, no communication). Requests that do not fit a slot (prompt bucket + max_new_tokens >
-max_len) run through `engine.generate_rows` between chunks.
-
-Supported: the `qwen3` family without a mesh; `slot_support(engine)` says why not otherwise (the server
-then keeps the per-call batcher).
+Token t of a request is drawn from `fold_in(key(seed), t)` as in the whole-batch program
+(`jax_engine.generate_batch`), so a request's tokens do not depend on what else runs (up to float
+rounding between batch shapes). With engine replicas (CPU: one device per core) the slots are split
+over those devices and every program runs per replica under `shard_map` (no SPMD partitioning, no
+communication); with a mesh the programs are plain jits over the sharded weights. Requests that do not
+fit a slot (prompt bucket + max_new_tokens > max_len) run through the whole-batch program (`fallback`)
+between chunks.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import logging
@@ -47,11 +55,49 @@ import numpy as np
 
 from mpa_jax import models
 from mpa_jax.rollout import sampling
-from mpa_jax.rollout.types import GenerateResult, SamplingParams
+from mpa_jax.rollout.types import GenerateResult, SamplingParams, Update
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_FAMILIES = ("qwen3",)
+__all__ = ["SlotDecoder", "SlotLoop", "SlotRequest", "GenerationFuture", "Update", "slot_support", "SUPPORTED_FAMILIES"]
+
+SUPPORTED_FAMILIES = tuple(models.registry.FAMILIES)  # every family implements `decode_slots`
+MIN_SPAN = 32  # narrowest attention window of a chunk (fewer distinct programs)
+
+
+class CompileCounter:
+    """XLA compilations made by the threads that run under `counting(counter)` (`n`)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+_counting = threading.local()
+
+
+def _on_jax_event(event: str, duration: float, **_: Any) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        counter = getattr(_counting, "counter", None)
+        if counter is not None:
+            counter.n += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_jax_event)
+
+
+class counting:
+    """Context manager: compilations on this thread count into `counter` (jax compiles on the calling thread)."""
+
+    def __init__(self, counter: CompileCounter) -> None:
+        self.counter = counter
+
+    def __enter__(self) -> CompileCounter:
+        self._before = getattr(_counting, "counter", None)
+        _counting.counter = self.counter
+        return self.counter
+
+    def __exit__(self, *exc: Any) -> None:
+        _counting.counter = self._before
 
 
 def _bucket(n: int, minimum: int = 1) -> int:
@@ -67,123 +113,140 @@ def _coarse(n: int, cap: int) -> int:
     return min(b, cap)
 
 
-def _prompt_bucket(n: int, minimum: int) -> int:
+def prompt_bucket(n: int, minimum: int) -> int:
     """Prefill width: a power of two up to 256, then a multiple of 256 (long prompts waste little of a slot)."""
     b = _bucket(n, minimum)
     return b if b <= 256 else -(-int(n) // 256) * 256
 
 
+_prompt_bucket = prompt_bucket  # the name bench/serve.py used
+
+
 def slot_support(engine: Any) -> str | None:
-    """None when `engine` can run under `SlotDecoder`, else the reason it cannot."""
-    cfg = getattr(engine, "cfg", None)
-    if cfg is None or not hasattr(engine, "generate_rows") or not hasattr(engine, "params"):
-        return f"{type(engine).__name__} is not the embedded JaxEngine"
-    if cfg.family not in SUPPORTED_FAMILIES:
-        return f"model family {cfg.family!r} is not supported by the slot loop (supported: {', '.join(SUPPORTED_FAMILIES)})"
-    if getattr(engine, "mesh", None) is not None:
-        return "the engine is sharded over a mesh; the slot loop runs replicated weights only"
+    """None when `engine` decodes in slots (the embedded engine, any model family), else why not."""
+    from mpa_jax.rollout.jax_engine import Engine
+
+    if not isinstance(engine, Engine):
+        return f"{type(engine).__name__} is not the embedded engine"
+    if engine.cfg.family not in SUPPORTED_FAMILIES:
+        return f"model family {engine.cfg.family!r} has no slot decoding (supported: {', '.join(SUPPORTED_FAMILIES)})"
     return None
-
-
-@dataclasses.dataclass
-class Update:
-    """What one request got since its last update: new tokens (and their log-probs / top log-probs);
-    `result` is set on the last update, `error` when the request failed."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    result: GenerateResult | None = None
-    error: BaseException | None = None
 
 
 @dataclasses.dataclass(eq=False)
 class SlotRequest:
-    """One row to generate. `on_update` is called from the loop's thread (after every chunk with the new
-    tokens when `updates`, else once with the result: what a non-streamed answer needs, and no per-chunk
-    hand-off to the consumer's event loop); set `cancelled` to end it early (its result then carries the
-    tokens so far with finish_reason "length")."""
+    """One row to generate. `on_update` (optional) is called from the loop's thread after every chunk
+    with the new tokens when `updates`, else once with the result; `future` gets the result. Set
+    `cancelled` to end it early (its result then carries the tokens so far, finish_reason "length").
+    `versions`: the weight versions its tokens came from, in order."""
 
     prompt: list[int]
     params: SamplingParams
     seed: int
-    top_logprobs: int
-    on_update: Callable[[Update], None]
+    top_logprobs: int = 0
+    on_update: Callable[[Update], None] | None = None
     updates: bool = True
     cancelled: bool = False
+    future: "GenerationFuture | None" = None
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     tops: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    versions: list[str] = dataclasses.field(default_factory=list)
+
+
+class GenerationFuture(concurrent.futures.Future):
+    """The `GenerateResult` of one submitted request. `cancel()` drops it while it waits for a slot;
+    `stop()` ends it while it runs (the result holds the tokens so far, finish_reason "length")."""
+
+    def __init__(self, request: SlotRequest) -> None:
+        super().__init__()
+        self.request = request
+        request.future = self
+
+    def stop(self) -> None:
+        self.request.cancelled = True
 
 
 class SlotDecoder:
-    """Device state and programs for `slots` rows of up to `max_len` tokens each (see the module docstring)."""
+    """Device state and programs for `slots` rows of up to `max_len` tokens each (module docstring).
 
-    def __init__(self, engine: Any, slots: int, max_len: int, chunk: int = 4, min_prompt_bucket: int = 16,
+    `replica_mesh`: a 1-D ("replica",) mesh over R devices, each holding a copy of the weights and
+    S / R slots (programs per replica under shard_map); `mesh`: the engine's sharding mesh (weights
+    sharded by rules; the slot state replicated over it); neither: one device.
+    """
+
+    def __init__(self, cfg: models.ModelConfig, *, slots: int, max_len: int, chunk: int = 8, vocab_limit: int | None = None,
+                 cache_dtype: str | None = None, replica_mesh: Any = None, mesh: Any = None, min_prompt_bucket: int = 16,
                  max_prefill: int = 16, long_chunk: int | None = None) -> None:
-        reason = slot_support(engine)
-        if reason is not None:
-            raise ValueError(f"SlotDecoder: {reason}")
+        if cfg.family not in SUPPORTED_FAMILIES:
+            raise ValueError(f"SlotDecoder: model family {cfg.family!r} has no slot decoding")
         if chunk < 1 or max_len < 2:
             raise ValueError(f"SlotDecoder: chunk must be >= 1 and max_len >= 2, got {chunk}, {max_len}")
-        self.engine = engine
-        self.cfg = engine.cfg
-        self.replicas = int(getattr(engine, "replicas", 1))
+        self.cfg = cfg
+        self.replicas = int(replica_mesh.devices.size) if replica_mesh is not None else 1
         # Slots live as [replicas, per_replica]; slot s is (s % R, s // R), so the lowest slots (the ones
         # the loop fills first) are spread over the replicas, and a chunk runs only over a prefix of
         # each replica's slots wide enough for the busiest one (`width`): a lone request costs a
         # 1-row step, not a step over every slot.
         self.per_replica = _bucket(-(-max(int(slots), 1) // self.replicas))
         self.slots = self.per_replica * self.replicas
-        self.max_len = min(int(max_len), int(self.cfg.max_position_embeddings))
         self.chunk = int(chunk)
-        # Steps per chunk for a lone settled request (`SlotLoop._steps_next`): fewer host round trips
-        # per token (each one a sync of every replica); a request arriving mid-chunk waits longer.
         self.long_chunk = max(int(long_chunk) if long_chunk is not None else 4 * self.chunk, self.chunk)
+        if self.long_chunk % self.chunk:
+            raise ValueError(f"SlotDecoder: long_chunk {self.long_chunk} must be a multiple of chunk {self.chunk}")
+        # A multiple of the long chunk, so that no chunk wraps the ring (see `steps_at`).
+        self.max_len = -(-int(max_len) // self.long_chunk) * self.long_chunk
         self.min_prompt_bucket = int(min_prompt_bucket)
         self.max_prefill = _bucket(max_prefill)
-        self.vocab_limit = int(engine.vocab_limit)
-        mesh = getattr(engine, "_replica_mesh", None)
+        self.vocab_limit = int(vocab_limit) if vocab_limit is not None else int(cfg.vocab_size)
+        self.cache_dtype = cache_dtype
         from jax.sharding import NamedSharding, PartitionSpec
 
-        self._mesh = mesh  # programs run per replica under shard_map over it (None: one device)
-        if mesh is not None:
-            self._rows = NamedSharding(mesh, PartitionSpec("replica"))
-            self._repl = NamedSharding(mesh, PartitionSpec())
+        self._shard_map_mesh = replica_mesh  # programs per replica under shard_map (None: one program)
+        if replica_mesh is not None:
+            self._rows = NamedSharding(replica_mesh, PartitionSpec("replica"))
+            self._out = None
+        elif mesh is not None:
+            self._rows = self._out = NamedSharding(mesh, PartitionSpec())
         else:
-            dev = jax.local_devices()[0]
-            self._rows = self._repl = jax.sharding.SingleDeviceSharding(dev)
-        self._params_version: str | None = None
-        self._src: Any = None
-        self._dparams = None
-        # One batched cache per replica ([R, per, ...]: every slot's row), written as a ring: every step
-        # writes column `head` of every row (the engine's in-place one-column update, not a per-row
-        # scatter), then head += 1 mod max_len. A prompt is placed in the columns just behind the head
-        # when it is admitted, so a slot's tokens are contiguous (mod max_len) and the head cannot reach
-        # its prompt again before prompt bucket + max_new columns were written (`fits`).
-        state = jax.eval_shape(lambda: models.init_decode_state(self.cfg, self.per_replica, self.max_len, engine.cache_dtype))
-        state = {"layers": state["layers"], "kv_mask": state["kv_mask"]}
-        self.state = jax.tree.map(lambda s: jnp.zeros((self.replicas,) + s.shape, s.dtype), state)
-        self.state = jax.device_put(self.state, self._rows)
-        self.logits = jax.device_put(jnp.zeros((self.replicas, self.per_replica, self.cfg.vocab_size), jnp.float32), self._rows)
-        self.head = 0  # the ring's next write column (host copy; every chunk advances it by `chunk`)
+            self._rows = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            self._out = None
+        self._dparams: Any = None
+        self.version = ""
+        state = jax.eval_shape(lambda: models.init_slot_state(cfg, self.per_replica, self.max_len, cache_dtype))
+        self.state = jax.device_put(jax.tree.map(lambda s: jnp.zeros((self.replicas,) + s.shape, s.dtype), state), self._rows)
+        self.logits = jax.device_put(jnp.zeros((self.replicas, self.per_replica, cfg.vocab_size), jnp.float32), self._rows)
+        self.head = 0  # the ring's next write column (host copy; every chunk advances it by its steps)
         self.prefills = 0  # prefill program calls
         self.steps = 0  # decode chunk calls
 
-    # ---- programs ------------------------------------------------------------------------------------
+    # ---- weights and shapes ---------------------------------------------------------------------------
 
-    def params(self) -> Any:
-        """The engine's weights prepared for decoding, refreshed when its weight version changes."""
-        version = self.engine.weight_version
-        if self._dparams is None or version != self._params_version or self._src is not self.engine.params:
-            self._src = self.engine.params
-            self._dparams = _jitted_decode_params(self.cfg)(self.engine.params)
-            self._params_version = version
-        return self._dparams
+    def set_weights(self, params: Any, version: str) -> None:
+        """Prepare `params` (placed as the programs expect) for decoding; labels later tokens `version`."""
+        self._dparams = _jitted_decode_params(self.cfg)(params)
+        self.version = str(version)
 
-    def warmup(self, prompt_len: int, greedy: bool = False, filtered: bool = False, n_top: int = 0) -> None:
-        """Compile the prefill and chunk programs a load of `prompt_len`-token prompts can use (a server
-        compiles them on first use otherwise; benches call this so that compiles stay out of timings)."""
+    @property
+    def ready(self) -> bool:
+        return self._dparams is not None
+
+    def fits(self, prompt_len: int, max_new: int) -> bool:
+        """Whether a request fits one slot's ring."""
+        return prompt_bucket(prompt_len, self.min_prompt_bucket) + max_new <= self.max_len
+
+    def steps_at(self, long: bool) -> int:
+        """Steps of the next chunk: the long chunk only from a head aligned to it (no chunk wraps the ring)."""
+        return self.long_chunk if long and self.head % self.long_chunk == 0 else self.chunk
+
+    def span(self, needed: int) -> int:
+        """Attention window of a chunk whose rows hold at most `needed` columns (chunk columns included)."""
+        return min(_bucket(needed, MIN_SPAN), self.max_len)
+
+    def warmup(self, prompt_len: int, max_new: int, greedy: bool = False, filtered: bool = False, n_top: int = 0) -> int:
+        """Compile the prefill and chunk programs a load of `prompt_len`-token prompts with `max_new` new
+        tokens can use (otherwise compiled on first use; benches call this so compiles stay out of
+        timings). Returns the number of chunk programs run."""
         p = [1] * int(prompt_len)
         nb = 1  # prompts per replica; slots 0..n-1 spread over the replicas
         while True:
@@ -194,21 +257,27 @@ class SlotDecoder:
             nb = min(nb * 2, self.max_prefill)
         s = self.slots
         z = lambda dt, v=0: np.full((s,), v, dt)  # noqa: E731
-        w = 1
+        spans = sorted({self.span(n) for n in range(prompt_bucket(prompt_len, self.min_prompt_bucket) + self.chunk,
+                                                     prompt_bucket(prompt_len, self.min_prompt_bucket) + max_new + 2 * self.long_chunk)})
+        runs, w = 0, 1
+        head = self.head
         while True:
             live = np.zeros((s,), bool)
             live[: w * self.replicas] = True
             for steps in sorted({self.chunk, self.long_chunk}):
-                self.decode(z(np.int32, 1), z(np.int32), live, z(np.uint32), z(np.float32, 0.0 if greedy else 1.0),
-                            z(np.int32, -1), z(np.float32, 1.0), z(np.int32, 1), np.full((s, 4), -1, np.int32),
-                            greedy=greedy, filtered=filtered, n_top=n_top, steps=steps)
+                for span in spans:
+                    self.head = 0
+                    self.decode(z(np.int32, 1), z(np.int32), live, z(np.uint32), z(np.float32, 0.0 if greedy else 1.0),
+                                z(np.int32, -1), z(np.float32, 1.0), z(np.int32, 1), np.full((s, 4), -1, np.int32),
+                                greedy=greedy, filtered=filtered, n_top=n_top, steps=steps, span=span)
+                    runs += 1
             if w >= self.per_replica:
                 break
             w = min(w * 4, self.per_replica)
+        self.head = head
+        return runs
 
-    def fits(self, prompt_len: int, max_new: int) -> bool:
-        """Whether a request fits one slot's cache."""
-        return _prompt_bucket(prompt_len, self.min_prompt_bucket) + max_new <= self.max_len
+    # ---- programs -------------------------------------------------------------------------------------
 
     def prefill(self, prompts: list[list[int]], slot_ids: list[int]) -> None:
         """Write `prompts` into slots `slot_ids` (up to max_prefill per replica at once; the caller splits).
@@ -219,7 +288,7 @@ class SlotDecoder:
         rep = [s % r for s in slot_ids]
         # Rows per replica: a power of two (a prefill's cost is its padded rows; 7 prompts padded to 16 cost 2.3x)
         nb = min(_bucket(max(rep.count(k) for k in range(r))), self.max_prefill)
-        p_len = _prompt_bucket(max(len(p) for p in prompts), self.min_prompt_bucket)
+        p_len = prompt_bucket(max(len(p) for p in prompts), self.min_prompt_bucket)
         ids = np.zeros((r, nb, p_len), np.int32)
         mask = np.zeros((r, nb, p_len), np.int32)
         mask[:, :, -1] = 1  # filler rows: one real token so their attention is well defined
@@ -231,18 +300,19 @@ class SlotDecoder:
             ids[k, j, p_len - len(p):] = p
             mask[k, j, p_len - len(p):] = 1
             where[k, j] = s // r
-        program = _jitted_prefill(self.cfg, self.max_len, self.engine.cache_dtype, self._mesh)
+        program = _jitted_prefill(self.cfg, self.cache_dtype, self._shard_map_mesh, self._out)
         put = functools.partial(jax.device_put, device=self._rows)
         head = np.full((r,), self.head, np.int32)
-        self.state, self.logits = program(self.params(), self.state, self.logits, put(ids), put(mask), put(where), put(head))
+        self.state, self.logits = program(self._dparams, self.state, self.logits, put(ids), put(mask), put(where), put(head))
         self.prefills += 1
 
     def decode(self, pos: np.ndarray, t: np.ndarray, live: np.ndarray, seeds: np.ndarray, temperature: np.ndarray,
                top_k: np.ndarray, top_p: np.ndarray, max_new: np.ndarray, stops: np.ndarray, *, greedy: bool,
-               filtered: bool, n_top: int, steps: int | None = None) -> tuple[np.ndarray, ...]:
-        """One chunk over the slots below the highest live one. Per-slot host arrays [S, ...] in slot order;
-        returns numpy in slot order (tokens [S, chunk], log-probs, emitted [S, chunk], live [S], stopped
-        [S], top ids, top log-probs); slots past the width come back as not emitted."""
+               filtered: bool, n_top: int, steps: int | None = None, span: int | None = None) -> tuple[np.ndarray, ...]:
+        """One chunk over the slots below the highest live one, attending over the last `span` ring
+        columns (default: the whole ring). Per-slot host arrays [S, ...] in slot order; returns numpy
+        in slot order (tokens [S, steps], log-probs, emitted [S, steps], live [S], stopped [S], top
+        ids, top log-probs); slots past the width come back as not emitted."""
         r, per = self.replicas, self.per_replica
         width = _coarse(int(np.flatnonzero(live).max()) // r + 1, per) if live.any() else 1
 
@@ -255,14 +325,18 @@ class SlotDecoder:
             return np.swapaxes(full, 0, 1).reshape((self.slots,) + a.shape[2:])
 
         steps = self.chunk if steps is None else int(steps)
-        program = _jitted_chunk(self.cfg, self.vocab_limit, steps, greedy, filtered, n_top, width, self._mesh)
+        span = self.max_len if span is None else int(span)
+        if self.head + steps > self.max_len or not steps <= span <= self.max_len:
+            raise ValueError(f"SlotDecoder.decode: {steps} steps from head {self.head} (span {span}) do not fit the ring")
+        program = _jitted_chunk(self.cfg, self.vocab_limit, steps, greedy, filtered, n_top, width, span,
+                                self._shard_map_mesh, self._out)
         # Two host->device transfers per chunk (ints, floats), not one per knob: each is a round trip per replica.
         ints = np.concatenate([np.stack([pos, t, live, seeds.view(np.int32), top_k, max_new], axis=1).astype(np.int32),
                                stops.astype(np.int32)], axis=1)
         floats = np.stack([temperature, top_p], axis=1).astype(np.float32)
         rows = [jax.device_put(np.ascontiguousarray(to_dev(a)), self._rows) for a in (ints, floats)]
         head = jax.device_put(np.full((r,), self.head, np.int32), self._rows)
-        self.state, self.logits, *outs = program(self.params(), self.state, self.logits, *rows, head)
+        self.state, self.logits, *outs = program(self._dparams, self.state, self.logits, *rows, head)
         self.head = (self.head + steps) % self.max_len
         self.steps += 1
         return tuple(to_host(np.asarray(x)) for x in jax.device_get(outs))
@@ -273,84 +347,95 @@ def _jitted_decode_params(cfg: models.ModelConfig):
     return jax.jit(functools.partial(models.decode_params, cfg))
 
 
-def _per_replica(fn: Callable, mesh: Any, n_args: int) -> Callable:
-    """`fn` over [R, ...] arrays: as it is on one device (R = 1), else under `shard_map` so that each
-    replica runs its own rows as a one-device program (no SPMD partitioning of a decode step, no
-    communication), as `JaxEngine` does; the first argument (weights) is replicated."""
+def _per_replica(fn: Callable, mesh: Any, n_args: int, out: Any) -> Callable:
+    """`fn` over [R, ...] arrays: under `shard_map` over the replica mesh, so that each replica runs its
+    own rows as a one-device program (no SPMD partitioning of a decode step, no communication); the
+    first argument (weights) is replicated. Without one, `fn` as it is (R = 1), its outputs placed
+    by `out` (a sharding mesh: replicated) when given."""
     if mesh is None:
-        return fn
+        return jax.jit(fn, donate_argnums=(1, 2), out_shardings=out)
     from jax.sharding import PartitionSpec as P
 
     rows = P("replica")
-    return jax.shard_map(fn, mesh=mesh, in_specs=(P(),) + (rows,) * (n_args - 1), out_specs=rows, check_vma=False)
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=(P(),) + (rows,) * (n_args - 1), out_specs=rows, check_vma=False)
+    return jax.jit(fn, donate_argnums=(1, 2))
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_prefill(cfg: models.ModelConfig, max_len: int, cache_dtype: str | None, mesh: Any):
+def _jitted_prefill(cfg: models.ModelConfig, cache_dtype: str | None, mesh: Any, out: Any):
     def prefill(params, state, logits, ids, mask, where, head):
         # One replica's view: state [1, per, ...], ids/mask [1, nb, P], where [1, nb] (slot within the
-        # replica), head [1]. The prompt's keys/values go in the P ring columns just behind the head.
-        ids, mask, where, g = ids[0], mask[0], where[0], head[0]
-        nb, p_len = ids.shape
-        st = models.init_decode_state(cfg, nb, p_len, cache_dtype)
-        positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
-        # All but the last column first: their logits are dead code, so XLA drops the unembedding.
-        _, st = models.decode(cfg, params, ids[:, :-1], positions[:, :-1], st, mask[:, :-1])
-        lg, st = models.decode(cfg, params, ids[:, -1:], positions[:, -1:], st, mask[:, -1:])
+        # replica), head [1]. The prompts go in the P ring columns just behind the head.
+        one = jax.tree.map(lambda x: x[0], state)
+        lg, one = models.prefill_slots(cfg, params, one, ids[0], mask[0], where[0], head[0], cache_dtype)
+        return jax.tree.map(lambda x: x[None], one), logits.at[0, where[0]].set(lg, mode="drop")
 
-        def place(big, new, axis):  # [nb, ..., P at axis] -> columns [g - P, g) mod max_len of rows `where`
-            pad = [(0, 0)] * new.ndim
-            pad[axis] = (max_len - p_len, 0)
-            new = jnp.roll(jnp.pad(new, pad), g, axis=axis)
-            return big.at[0, where].set(new.astype(big.dtype), mode="drop")
-
-        layers_ = {n: {"k": place(c["k"], st["layers"][n]["k"], 3), "v": place(c["v"], st["layers"][n]["v"], 2)}
-                   for n, c in state["layers"].items()}
-        new_state = {"layers": layers_, "kv_mask": place(state["kv_mask"], st["kv_mask"], 1)}
-        return new_state, logits.at[0, where].set(lg[:, 0], mode="drop")
-
-    return jax.jit(_per_replica(prefill, mesh, 7), donate_argnums=(1, 2))
+    return _per_replica(prefill, mesh, 7, out)
 
 
-def _ring_step(cfg: models.ModelConfig, params: Any, state: dict[str, Any], tok: jax.Array, pos: jax.Array,
-               live: jax.Array, g: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
-    """One decode step of every row (`models.qwen3.decode` for one token, batched): row b's token at
-    RoPE position pos[b] goes in ring column g of its cache; it attends to its row's valid columns
-    (kv_mask), whatever their order (keys carry their positions). Returns logits [B, V] and the state."""
-    from mpa_jax.models import layers, qwen3
+def _window_io(cfg: models.ModelConfig, width: int, span: int, steps: int):
+    """(take, put) between a replica's full slot state [R, per, ...] and a chunk's working state
+    [R * width, ...]: the first `width` slots of each replica and, for ring leaves, the last
+    `span - steps` columns behind the head plus the `steps` the chunk writes. `put` writes back only
+    what a chunk changes (the written columns, the per-row states), in place (`dynamic_update_slice`:
+    a scatter would copy every cache first)."""
+    axes = models.slot_cache_axes(cfg)
+    back = span - steps
 
-    kv_mask = jax.lax.dynamic_update_slice(state["kv_mask"], live[:, None], (0, g))
-    mask = kv_mask[:, None, None, :]
-    cos, sin = layers.rope_tables(pos[:, None], cfg.head_dim, cfg.rope_theta)
-    x = qwen3._embed(cfg, params, tok[:, None])
-    all_layers = qwen3.layer_params(cfg, params)
-    new_layers = {}
-    for n in range(cfg.num_hidden_layers):
-        p = all_layers[str(n)]
-        cache = state["layers"][str(n)]
-        h = layers.rms_norm(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
-        q, k, v = qwen3._qkv_fused(cfg, p["self_attn"], h, cos, sin)
-        ck = jax.lax.dynamic_update_slice(cache["k"], k.transpose(0, 2, 3, 1).astype(cache["k"].dtype), (0, 0, 0, g))
-        cv = jax.lax.dynamic_update_slice(cache["v"], v.transpose(0, 2, 1, 3).astype(cache["v"].dtype), (0, 0, g, 0))
-        new_layers[str(n)] = {"k": ck, "v": cv}
-        attn = layers.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, cfg.head_dim**-0.5)
-        x = qwen3._mlp_fused(cfg, p, x + qwen3._out(p["self_attn"], attn))
-    x = layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
-    w = qwen3.decode_unembedding(cfg, params).astype(x.dtype)
-    logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
-    return logits[:, 0], {"layers": new_layers, "kv_mask": kv_mask}
+    def tree_axes(state: dict[str, Any]) -> dict[str, Any]:
+        return {"layers": axes, "kv_mask": 1}
+
+    def take(state: dict[str, Any], head: jax.Array) -> dict[str, Any]:
+        r, per, max_len = state["kv_mask"].shape
+        cols = (head - back + jnp.arange(span)) % max_len
+
+        def one(x: jax.Array, axis: int | None) -> jax.Array:
+            x = x if width == per else x[:, :width]
+            if axis is not None and span < max_len:
+                x = jnp.take(x, cols, axis=axis + 1, mode="clip")  # in range already (mod max_len)
+            return x.reshape((r * width,) + x.shape[2:])
+
+        return _map_axes(one, state, tree_axes(state))
+
+    def put(full: dict[str, Any], work: dict[str, Any], head: jax.Array) -> dict[str, Any]:
+        r, per, max_len = full["kv_mask"].shape
+
+        def one(big: jax.Array, new: jax.Array, axis: int | None) -> jax.Array:
+            new = new.reshape((r, width) + new.shape[1:]).astype(big.dtype)
+            start = [0] * big.ndim
+            if axis is not None and span < max_len:
+                new = jax.lax.dynamic_slice_in_dim(new, back, steps, axis=axis + 1)  # the columns written
+                start[axis + 1] = head
+            elif width == per:
+                return new
+            return jax.lax.dynamic_update_slice(big, new, tuple(start))
+
+        return _map_axes(one, full, tree_axes(full), work)
+
+    return take, put, (lambda head, max_len: back if span < max_len else head)
+
+
+def _map_axes(fn: Callable, state: dict[str, Any], axes: dict[str, Any], *more: dict[str, Any]) -> dict[str, Any]:
+    """`fn(leaf, *more_leaves, axis)` over a slot state, with each leaf's ring axis (None leaves are axes too)."""
+    layers_ = {name: {leaf: fn(state["layers"][name][leaf], *(m["layers"][name][leaf] for m in more), axis)
+                      for leaf, axis in leaves.items()}
+               for name, leaves in axes["layers"].items()}
+    return {"layers": layers_, "kv_mask": fn(state["kv_mask"], *(m["kv_mask"] for m in more), axes["kv_mask"])}
 
 
 @functools.lru_cache(maxsize=None)
 def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy: bool, filtered: bool, n_top: int,
-                  width: int, mesh: Any):
+                  width: int, span: int, mesh: Any, out: Any):
+    take, put, first_column = _window_io(cfg, width, span, chunk)
+
     def run(params, full_state, full_logits, ints, floats, head):
         # [R, width, ...] -> [R * width, ...]: the slots of this chunk as one batch (R = 1 per replica).
-        r = full_logits.shape[0]
+        r, per = full_logits.shape[:2]
+        max_len = full_state["kv_mask"].shape[-1]
+        g = head[0]
         flat = lambda x: x.reshape((r * width,) + x.shape[2:])  # noqa: E731
-        full = width == full_logits.shape[1]  # no prefix to cut out (and no copy of the caches)
-        state = jax.tree.map(lambda x: flat(x if full else x[:, :width]), full_state)
-        logits = flat(full_logits if full else full_logits[:, :width])
+        state = take(full_state, g)
+        logits = flat(full_logits if width == per else full_logits[:, :width])
         ints, floats = flat(ints), flat(floats)
         pos, t, live, top_k, max_new = ints[:, 0], ints[:, 1], ints[:, 2] != 0, ints[:, 4], ints[:, 5]
         seeds, stops = jax.lax.bitcast_convert_type(ints[:, 3], jnp.uint32), ints[:, 6:]
@@ -362,9 +447,10 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
         emitted = jnp.zeros((s, chunk), bool)
         stopped = jnp.zeros((s,), bool)
         tops = (jnp.zeros((s, chunk, n_top), jnp.int32), jnp.zeros((s, chunk, n_top), jnp.float32)) if n_top else ()
+        col0 = first_column(g, max_len)
 
         def body(k, carry):
-            state, logits, pos, t, live, stopped, g, toks, lps, emitted, *tops = carry
+            state, logits, pos, t, live, stopped, toks, lps, emitted, *tops = carry
             picked = sampling.sample_step(sampling.mask_vocab(logits, vocab_limit), keys, t, temperature, top_k, top_p,
                                           greedy=greedy, filtered=filtered, mixed=not greedy, n_top=n_top)
             tok = jnp.where(live, picked[0], 0)
@@ -378,48 +464,50 @@ def _jitted_chunk(cfg: models.ModelConfig, vocab_limit: int, chunk: int, greedy:
             stopped = stopped | hit
             live = live & ~hit & (t < max_new)
             # Every slot steps (static shapes); finished and free ones write masked-out cache columns.
-            logits, state = _ring_step(cfg, params, state, tok, pos, live, g)
+            logits, state = models.decode_slots(cfg, params, tok, pos, live, state, col0 + k)
             pos = pos + live.astype(jnp.int32)
-            return (state, logits, pos, t, live, stopped, (g + 1) % max_len, toks, lps, emitted, *tops)
+            return (state, logits, pos, t, live, stopped, toks, lps, emitted, *tops)
 
-        max_len = full_state["kv_mask"].shape[-1]
         # A trip count XLA cannot see (it is `chunk`): with a static one XLA:CPU unrolls the loop and
         # copies every cache of the carry each step (measured: a 16-row chunk cost as much as a 32-row one).
         # A replica with no live row runs no step: on CPU its idle program would take cores from the busy one.
-        n_steps = jnp.where(live.any(), jnp.minimum(chunk, max_len + head[0]), 0)
+        n_steps = jnp.where(live.any(), chunk, 0)
         carry = jax.lax.while_loop(lambda c: c[0] < n_steps, lambda c: (c[0] + 1, *body(c[0], c[1:])),
-                                   (jnp.int32(0), state, logits, pos, t, live, stopped, head[0], toks, lps, emitted, *tops))[1:]
+                                   (jnp.int32(0), state, logits, pos, t, live, stopped, toks, lps, emitted, *tops))[1:]
         unflat = lambda x: x.reshape((r, width) + x.shape[1:])  # noqa: E731
-        if full:
-            state, logits = jax.tree.map(unflat, carry[0]), unflat(carry[1])
+        state = put(full_state, carry[0], g)
+        if width == per:
+            logits = unflat(carry[1])
         else:
-            # dynamic_update_slice, not .at[].set (a scatter): XLA then writes the prefix in place
-            # instead of copying every cache first.
-            put = lambda big, new: jax.lax.dynamic_update_slice(big, unflat(new).astype(big.dtype), (0,) * big.ndim)  # noqa: E731
-            state = jax.tree.map(put, full_state, carry[0])
-            logits = put(full_logits, carry[1])
-        return (state, logits, *(unflat(x) for x in (carry[7], carry[8], carry[9], carry[4], carry[5], *carry[10:])))
+            logits = jax.lax.dynamic_update_slice(full_logits, unflat(carry[1]), (0, 0, 0))
+        return (state, logits, *(unflat(x) for x in (carry[6], carry[7], carry[8], carry[4], carry[5], *carry[9:])))
 
-    return jax.jit(_per_replica(run, mesh, 6), donate_argnums=(1, 2))
+    return _per_replica(run, mesh, 6, out)
 
 
 class SlotLoop:
     """The host loop over a `SlotDecoder` on its own thread (see the module docstring).
 
     `submit(request)` is thread-safe; `request.on_update` is called on the loop's thread with each
-    request's new tokens after every chunk, and once with the final `GenerateResult`. `idle` tells
-    whether nothing is queued or running. `paused()` is a context manager that holds the loop between
-    chunks (weight updates).
+    request's new tokens after every chunk and once with the final update; `request.future` gets the
+    `GenerateResult`. `idle` tells whether nothing is queued or running. `paused()` is a context
+    manager that holds the loop between chunks (weight updates). `fallback(prompts, params, seeds,
+    top_logprobs)` generates the requests too long for a slot.
     """
 
-    def __init__(self, decoder: SlotDecoder) -> None:
+    def __init__(self, decoder: SlotDecoder, fallback: Callable[..., list[GenerateResult]] | None = None,
+                 idle_exit_s: float = 2.0, compiles: CompileCounter | None = None) -> None:
         self.dec = decoder
+        self.compiles = compiles if compiles is not None else CompileCounter()  # XLA compilations on the loop's thread
+        self.fallback = fallback
+        self.idle_exit_s = float(idle_exit_s)
         s = decoder.slots
         self._queue: "queue.SimpleQueue[SlotRequest]" = queue.SimpleQueue()
         self._waiting: list[SlotRequest] = []
         self._slot: list[SlotRequest | None] = [None] * s
         self._pos = np.zeros((s,), np.int32)
         self._t = np.zeros((s,), np.int32)
+        self._cols = np.zeros((s,), np.int64)  # ring columns a slot's request holds (prompt bucket + steps)
         self._live = np.zeros((s,), bool)
         self._seeds = np.zeros((s,), np.uint32)
         self._temperature = np.zeros((s,), np.float32)
@@ -430,45 +518,90 @@ class SlotLoop:
         self._stops = np.full((s, self._n_stop), -1, np.int32)
         self._wake = threading.Event()
         self._gate = threading.Lock()  # held by the loop while it works; pause() takes it
+        self._life = threading.Lock()  # guards starting and ending the thread
+        self._thread: threading.Thread | None = None
         self._stop = False
+        self._count = threading.Lock()  # `pending` changes on submitting threads and on the loop's
         self.pending = 0  # requests submitted and not finished
         self.admitted = 0  # requests admitted into slots
-        self.fallback_rows = 0  # requests too long for a slot, run through engine.generate_rows
+        self.finished = 0  # requests answered (results and errors)
+        self.fallback_rows = 0  # requests too long for a slot, run through `fallback`
         self.cancelled_rows = 0  # requests ended early by their consumer
         # Where the loop's time goes (seconds): admission (prefill included), decode chunks (device
         # time plus the host round trip), handing results out; and rows live at each chunk's start.
         self.seconds = {"admit": 0.0, "decode": 0.0, "deliver": 0.0}
         self.live_rows = 0  # summed over chunks: mean occupancy = live_rows / dec.steps
+        # Slot use, in slot-steps (one slot for one decode step): all of them, those that emitted a
+        # token, and the same two over chunks that started with requests waiting for a slot.
+        self.slot_steps = 0
+        self.busy_slot_steps = 0
+        self.queued_slot_steps = 0
+        self.queued_busy_slot_steps = 0
         self._churn = False  # a request was admitted or retired since the last chunk
-        self._thread = threading.Thread(target=self._run, name="mpa-slots", daemon=True)
-        self._thread.start()
 
     # ---- public ------------------------------------------------------------------------------------
 
     def submit(self, request: SlotRequest) -> None:
-        self.pending += 1  # GIL-atomic enough for a counter read only as a hint (busy/idle)
+        """Queue `request` (thread-safe); the loop's thread starts if it is not running."""
+        with self._count:
+            self.pending += 1
         self._queue.put(request)
+        with self._life:
+            if self._stop:
+                raise RuntimeError("SlotLoop.submit: the loop is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="mpa-slots", daemon=True)
+                self._thread.start()
         self._wake.set()
 
     @property
     def idle(self) -> bool:
         return self.pending == 0
 
-    def paused(self):
+    @property
+    def running(self) -> int:
+        """Requests in slots now."""
+        return sum(r is not None for r in self._slot)
+
+    def paused(self) -> threading.Lock:
         """Hold the loop between chunks while the `with` block runs."""
         return self._gate
 
+    def utilisation(self) -> dict[str, float]:
+        """Decode-slot use: the fraction of slot-steps that emitted a token, over all chunks and over
+        chunks that started with requests waiting for a slot (the scheduler's own share of idle slots)."""
+        return {"slot_busy": self.busy_slot_steps / self.slot_steps if self.slot_steps else 0.0,
+                "slot_busy_queued": self.queued_busy_slot_steps / self.queued_slot_steps if self.queued_slot_steps else 0.0,
+                "slot_steps": float(self.slot_steps), "queued_slot_steps": float(self.queued_slot_steps)}
+
     def close(self) -> None:
-        self._stop = True
+        """Stop the thread (requests still queued or running get an error)."""
+        with self._life:
+            self._stop = True
+            thread = self._thread
         self._wake.set()
-        self._thread.join(timeout=30)
+        if thread is not None:
+            thread.join(timeout=60)
 
     # ---- loop --------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stop:
+        with counting(self.compiles):
+            self._loop()
+
+    def _loop(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            if self._stop:
+                with self._gate:
+                    self._fail_all(RuntimeError("the engine was closed"))
+                return
             if not self._live.any() and self._queue.empty() and not self._waiting:
-                self._wake.wait(0.5)
+                with self._life:  # exit when idle long enough; a submit after this starts a new thread
+                    if self._queue.empty() and time.monotonic() - idle_since > self.idle_exit_s:
+                        self._thread = None
+                        return
+                self._wake.wait(0.05)
                 self._wake.clear()
                 continue
             with self._gate:
@@ -481,14 +614,24 @@ class SlotLoop:
                 except Exception as e:  # noqa: BLE001 - every running request gets the error, the loop goes on
                     log.exception("slot loop failed")
                     self._fail_all(e)
+            idle_since = time.monotonic()
 
     def _finish(self, req: SlotRequest, result: GenerateResult | None, error: BaseException | None = None,
                 new: tuple[list[int], list[float], Any] = ([], [], None)) -> None:
-        self.pending -= 1
-        try:
-            req.on_update(Update(new[0], new[1], new[2], result=result, error=error))
-        except Exception:  # noqa: BLE001 - a consumer's failure must not stop the loop
-            log.exception("slot loop: on_update failed")
+        with self._count:
+            self.pending -= 1
+            self.finished += 1
+        if req.on_update is not None:
+            try:
+                req.on_update(Update(new[0], new[1], new[2], result=result, error=error))
+            except Exception:  # noqa: BLE001 - a consumer's failure must not stop the loop
+                log.exception("slot loop: on_update failed")
+        fut = req.future
+        if fut is not None and not fut.done():
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
 
     def _fail_all(self, e: BaseException) -> None:
         for s, req in enumerate(self._slot):
@@ -496,25 +639,36 @@ class SlotLoop:
                 self._slot[s] = None
                 self._live[s] = False
                 self._finish(req, None, e)
+        while not self._queue.empty():
+            self._waiting.append(self._queue.get())
         for req in self._waiting:
             self._finish(req, None, e)
         self._waiting = []
 
     def _admit(self) -> None:
         while not self._queue.empty():
-            self._waiting.append(self._queue.get())
-        # Cancelled before they started: answered with no tokens.
+            req = self._queue.get()
+            if req.future is not None and not req.future.set_running_or_notify_cancel():
+                with self._count:  # cancelled while it waited: nobody wants its result
+                    self.pending -= 1
+                self.cancelled_rows += 1
+                continue
+            self._waiting.append(req)
+        # Stopped before they started: answered with no tokens.
         for req in [r for r in self._waiting if r.cancelled]:
             self._waiting.remove(req)
             self.cancelled_rows += 1
             self._finish(req, self._result(req, "length"))
-        # Too long for a slot: the engine's own program, here between chunks.
+        # Too long for a slot: the whole-batch program, here between chunks.
         big = [r for r in self._waiting if not self.dec.fits(len(r.prompt), r.params.max_new_tokens)]
         if big:
             self._waiting = [r for r in self._waiting if r not in big]
             try:
-                out = self.dec.engine.generate_rows([r.prompt for r in big], [r.params for r in big], [r.seed for r in big],
-                                                    max(r.top_logprobs for r in big))
+                if self.fallback is None:
+                    raise ValueError(f"a request of {len(big[0].prompt)} prompt + {big[0].params.max_new_tokens} new tokens"
+                                     f" does not fit a slot of {self.dec.max_len}")
+                out = self.fallback([r.prompt for r in big], [r.params for r in big], [r.seed for r in big],
+                                    max(r.top_logprobs for r in big))
             except Exception as e:  # noqa: BLE001 - delivered to those requests
                 for r in big:
                     self._finish(r, None, e)
@@ -531,38 +685,40 @@ class SlotLoop:
         # One prefill per prompt bucket: a prompt padded to a longer neighbour's width could overflow its slot.
         by_width: dict[int, list[SlotRequest]] = {}
         for r in take:
-            by_width.setdefault(_prompt_bucket(len(r.prompt), self.dec.min_prompt_bucket), []).append(r)
+            by_width.setdefault(prompt_bucket(len(r.prompt), self.dec.min_prompt_bucket), []).append(r)
         reps = self.dec.replicas
-        for same in by_width.values():
+        for width, same in by_width.items():
             slots, free = free[: len(same)], free[len(same):]
             # Prefill calls of up to max_prefill prompts per replica (slot s lives on replica s % R).
             group: list[tuple[int, SlotRequest]] = []
             count = [0] * reps
             for s, r in zip(slots, same):
                 if count[s % reps] == self.dec.max_prefill:
-                    self._prefill(group)
+                    self._prefill(group, width)
                     group, count = [], [0] * reps
                 group.append((s, r))
                 count[s % reps] += 1
-            self._prefill(group)
+            self._prefill(group, width)
         self.admitted += len(take)
 
-    def _prefill(self, group: list[tuple[int, SlotRequest]]) -> None:
+    def _prefill(self, group: list[tuple[int, SlotRequest]], width: int) -> None:
         self.dec.prefill([r.prompt for _, r in group], [s for s, _ in group])
         for s, r in group:
-            self._place(s, r)
+            self._place(s, r, width)
 
-    def _place(self, s: int, r: SlotRequest) -> None:
+    def _place(self, s: int, r: SlotRequest, width: int) -> None:
         sp = r.params
         self._slot[s] = r
         self._pos[s] = len(r.prompt)
         self._t[s] = 0
+        self._cols[s] = width
         self._live[s] = True
         self._seeds[s] = r.seed % (2**32)
         self._temperature[s] = sp.temperature
         self._top_k[s] = sp.top_k
         self._top_p[s] = sp.top_p
         self._max_new[s] = sp.max_new_tokens
+        r.versions.append(self.dec.version)  # the prefill's weights give the first token
         if len(sp.stop_token_ids) > self._n_stop:  # more stop ids than columns: widen (one recompile)
             self._n_stop = _bucket(len(sp.stop_token_ids))
             wider = np.full((self.dec.slots, self._n_stop), -1, np.int32)
@@ -577,13 +733,26 @@ class SlotLoop:
         filtered = not greedy and any(r.params.filtered and not r.params.greedy for r in live_reqs)
         want = max(r.top_logprobs for r in live_reqs)
         n_top = _bucket(want) if want else 0
+        queued = bool(self._waiting) or not self._queue.empty()
+        steps = self.dec.steps_at(self._lone())
+        span = self.dec.span(int(self._cols[self._live].max()) + steps)
         self.live_rows += len(live_reqs)
+        for r in live_reqs:
+            if r.versions[-1] != self.dec.version:
+                r.versions.append(self.dec.version)
         t0 = time.perf_counter()
         toks, lps, emitted, live, stopped, *tops = self.dec.decode(
             self._pos, self._t, self._live, self._seeds, self._temperature, self._top_k, self._top_p, self._max_new,
-            self._stops, greedy=greedy, filtered=filtered, n_top=n_top, steps=self._steps_next())
+            self._stops, greedy=greedy, filtered=filtered, n_top=n_top, steps=steps, span=span)
         t1 = time.perf_counter()
         self.seconds["decode"] += t1 - t0
+        busy = int(emitted.sum())
+        self.slot_steps += steps * self.dec.slots
+        self.busy_slot_steps += busy
+        if queued:
+            self.queued_slot_steps += steps * self.dec.slots
+            self.queued_busy_slot_steps += busy
+        self._cols[self._live] += steps
         self._deliver(toks, lps, emitted, live, stopped, tops)
         self.seconds["deliver"] += time.perf_counter() - t1
 
@@ -612,34 +781,36 @@ class SlotLoop:
                 self._slot[s] = None
                 self._live[s] = False
                 self._finish(req, self._result(req, "stop" if bool(stopped[s]) else "length"), new=(new_t, new_lp, new_top))
-            elif k and req.updates:
+            elif k and req.updates and req.on_update is not None:
                 try:
                     req.on_update(Update(new_t, new_lp, new_top))
                 except Exception:  # noqa: BLE001
                     log.exception("slot loop: on_update failed")
 
-    def _steps_next(self) -> int:
-        """The long chunk for a lone settled request: one request running, nothing admitted or retired
-        at this boundary (a client whose request just ended tends to come back within milliseconds),
-        none waiting, and at least that many tokens of budget left. With more requests running, one that
-        ends on a stop token mid-chunk would hold its slot (and its client) for the rest of the chunk."""
+    def _lone(self) -> bool:
+        """Whether the next chunk may be long: one request running, nothing admitted or retired at this
+        boundary (a client whose request just ended tends to come back within milliseconds), none
+        waiting, and at least a long chunk of budget left. With more requests running, one that ends on
+        a stop token mid-chunk would hold its slot (and its client) for the rest of the chunk."""
         dec = self.dec
         churn, self._churn = self._churn, False
         if dec.long_chunk == dec.chunk or churn or self._waiting or not self._queue.empty():
-            return dec.chunk
+            return False
         left = (self._max_new - self._t)[self._live]
-        return dec.long_chunk if left.size == 1 and int(left[0]) >= dec.long_chunk else dec.chunk
+        return left.size == 1 and int(left[0]) >= dec.long_chunk
 
     def _result(self, req: SlotRequest, finish: str) -> GenerateResult:
         toks = req.tokens
+        versions = req.versions or [self.dec.version]
         return GenerateResult(
             token_ids=list(toks), logprobs=list(req.logprobs), finish_reason=finish,
             matched_stop=toks[-1] if finish == "stop" and toks else None, prompt_tokens=len(req.prompt),
-            weight_version=self.dec.engine.weight_version, top_logprobs=list(req.tops) if req.top_logprobs else None)
+            weight_version=versions[0], weight_versions=tuple(versions),
+            top_logprobs=list(req.tops) if req.top_logprobs else None)
 
 
 def timed_wait(pred: Callable[[], bool], timeout_s: float) -> bool:
-    """Poll `pred` until true or timeout (tests and shutdown)."""
+    """Poll `pred` until true or timeout (shutdown; tests wait on futures or counted events instead)."""
     end = time.monotonic() + timeout_s
     while not pred():
         if time.monotonic() > end:

@@ -90,6 +90,10 @@ class GenerateResult:
     error: str = ""
     # Per sampled token, the most likely (id, log-prob) pairs of the same distribution, when asked for.
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # Every weight version that sampled tokens of this result, in order, when the engine reports them
+    # (the embedded engine swaps weights between decode chunks, so a long request may see two);
+    # `weight_version` is the first. Empty: `weight_version` alone.
+    weight_versions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -98,6 +102,19 @@ class GenerateResult:
             )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"GenerateResult: unknown finish_reason {self.finish_reason!r}")
+        self.weight_versions = tuple(self.weight_versions)
+
+
+@dataclasses.dataclass
+class Update:
+    """What one streamed request got since its last update: new tokens (and their log-probs / top
+    log-probs); `result` is set on the last update, `error` when the request failed."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    result: GenerateResult | None = None
+    error: BaseException | None = None
 
 
 @runtime_checkable

@@ -113,14 +113,23 @@ def test_stop_token_ends_row_and_is_kept(engine):
     assert res[1].token_ids == other[:cut]
 
 
-def test_new_lengths_inside_a_bucket_do_not_recompile(engine):
+def test_new_lengths_and_settings_inside_buckets_do_not_recompile(engine):
     sp = SamplingParams(max_new_tokens=8, temperature=0.0)
-    engine.generate(_prompts((20, 3)), sp)
+    # The slot programs prompts of 3..32 tokens and 8 new tokens can use, compiled up front (as benches do).
+    assert engine.warmup(3, 8, greedy=True) >= 1 and engine.warmup(20, 8, greedy=True) >= 1
     before = engine.compiles
     assert before >= 1  # the counter sees compilations at all
-    engine.generate(_prompts((25, 30)), sp)
-    engine.generate(_prompts((18, 5)), sp.replace(max_new_tokens=5, temperature=0.0))
-    engine.generate(_prompts((17, 4)), sp.replace(temperature=0.0, stop_token_ids=(1, 2, 3)))
+    engine.generate(_prompts((20, 3)), sp)
+    engine.generate(_prompts((25, 30, 9)), sp)
+    engine.generate(_prompts((18, 5)), sp.replace(max_new_tokens=5))
+    engine.generate(_prompts((17, 4)), sp.replace(stop_token_ids=(1, 2, 3)))
+    assert engine.compiles == before
+    # The whole-batch program: one compile per shape bucket and sampling path.
+    engine.generate_batch(_prompts((20, 3)), sp)
+    before = engine.compiles
+    engine.generate_batch(_prompts((25, 30)), sp)
+    engine.generate_batch(_prompts((18, 5)), sp.replace(max_new_tokens=5))
+    engine.generate_batch(_prompts((17, 4)), sp.replace(stop_token_ids=(1, 2, 3)))
     assert engine.compiles == before
 
 
@@ -222,3 +231,101 @@ def test_rows_with_different_settings_share_a_batch_and_top_logprobs(engine):
                 assert abs(dict(top)[tok] - lp) < 1e-5
     assert all(r.token_ids[i] == r.top_logprobs[i][0][0] for r in mixed[:1] for i in range(6))  # greedy row: its token is the top one
     assert len(mixed[2].token_ids) == 3 and mixed[0].top_logprobs is not None and engine.generate(prompts[:1], rows[0])[0].top_logprobs is None
+
+
+def test_generate_equals_the_whole_batch_program(engine):
+    """The slot path (`generate`, a wrapper over `submit`) gives the whole-batch program's tokens, finish
+    reasons and log-probs for the same seeds: greedy, hot, filtered and mixed rows, stops, top log-probs,
+    more rows than slots (admitted as slots free up)."""
+    prompts = _prompts((5, 23, 11, 3, 17, 8), seed=9)
+    rows = [SamplingParams(max_new_tokens=20, temperature=0.0), SamplingParams(max_new_tokens=33, temperature=1.0),
+            SamplingParams(max_new_tokens=12, temperature=0.8, top_k=7), SamplingParams(max_new_tokens=25, temperature=1.2, top_p=0.9),
+            SamplingParams(max_new_tokens=40, temperature=1.0, stop_token_ids=(5, 9)), SamplingParams(max_new_tokens=9, temperature=0.5)]
+    seeds = [11, 12, 13, 14, 15, 16]
+    assert engine.slots < len(prompts)
+    for top in (0, 2):
+        got = engine.generate_rows(prompts, rows, seeds, top_logprobs=top)
+        want = engine.generate_batch(prompts, rows, seeds, top_logprobs=top)
+        for g, w in zip(got, want):
+            assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason and g.matched_stop == w.matched_stop
+            np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+            if top:
+                assert [[i for i, _ in t] for t in g.top_logprobs] == [[i for i, _ in t] for t in w.top_logprobs]
+    sp = SamplingParams(max_new_tokens=16, temperature=1.0)
+    assert [r.token_ids for r in engine.generate(prompts, sp, seeds)] == [r.token_ids for r in engine.generate_batch(prompts, sp, seeds)]
+
+
+def test_submit_streams_and_joins_the_running_batch(engine):
+    """`submit` returns a future; `on_update` streams each chunk's tokens; a request submitted while a long
+    one runs joins it and finishes first (counted: the long one has streamed only part of its tokens
+    then); `stop()` ends a running request with its tokens so far."""
+    import threading
+
+    prompts = _prompts((9, 6, 12), seed=10)
+    long_sp = SamplingParams(max_new_tokens=200, temperature=1.0)
+    streamed: list[int] = []
+    first = threading.Event()
+
+    def on_update(u):
+        streamed.extend(u.token_ids)
+        first.set()
+
+    long = engine.submit(prompts[0], long_sp, 3, on_update=on_update)
+    assert first.wait(120)  # the long request is decoding
+    short = engine.submit(prompts[1], SamplingParams(max_new_tokens=4, temperature=0.0), 4)
+    r_short = short.result(120)
+    assert len(streamed) < 200 and not long.done()  # it finished while the long one was still running
+    r_long = long.result(120)
+    assert streamed == r_long.token_ids and len(r_long.token_ids) == 200 and r_long.finish_reason == "length"
+    assert r_short.token_ids == engine.generate_batch([prompts[1]], SamplingParams(max_new_tokens=4, temperature=0.0), [4])[0].token_ids
+    assert r_long.token_ids == engine.generate_batch([prompts[0]], long_sp, [3])[0].token_ids
+    # stop(): the result holds what was decoded until then.
+    got: list[int] = []
+    seen = threading.Event()
+    fut = engine.submit(prompts[2], long_sp, 5, on_update=lambda u: (got.extend(u.token_ids), seen.set()))
+    assert seen.wait(120)
+    fut.stop()
+    res = fut.result(120)
+    assert res.finish_reason == "length" and 0 < len(res.token_ids) < 200 and res.token_ids == got
+    assert not engine.busy
+
+
+def test_weight_update_between_chunks_labels_every_result(ckpt):
+    """A weight update while a request runs takes effect at the next chunk: the running result lists both
+    versions (first: the one its first token came from); requests after it see only the new weights."""
+    import threading
+
+    engine = JaxEngine.from_pretrained(ckpt, max_batch=4, weight_version="a")
+    prompt = _prompts((7,), seed=11)[0]
+    sp = SamplingParams(max_new_tokens=120, temperature=0.0)
+    before = engine.generate([prompt], sp)[0]
+    assert before.weight_version == "a" and before.weight_versions == ("a",)
+    seen = threading.Event()
+    fut = engine.submit(prompt, sp, 0, on_update=lambda u: seen.set())
+    assert seen.wait(120)
+    new = jax.tree.map(lambda x: x * 1.5, engine.params)
+    engine.update_weights(new, "b")
+    res = fut.result(120)
+    assert res.weight_version == "a" and res.weight_versions == ("a", "b")
+    n = next(i for i, (x, y) in enumerate(zip(res.token_ids, before.token_ids)) if x != y)  # the new weights took over
+    assert 0 < n < 120
+    after = engine.generate([prompt], sp)[0]
+    assert after.weight_versions == ("b",) and after.token_ids == JaxEngine(engine.cfg, new, max_batch=4).generate([prompt], sp)[0].token_ids
+
+
+def test_engine_owns_its_weights(ckpt):
+    """The engine copies what it is given (constructor and update_weights): a caller that deletes or
+    donates its arrays afterwards leaves the engine working."""
+    params = models.from_pretrained(ckpt).params
+    params = jax.tree.map(jax.numpy.asarray, params)
+    engine = JaxEngine(models.from_pretrained(ckpt).cfg, params, max_batch=2)
+    prompts = _prompts((5,), seed=12)
+    sp = SamplingParams(max_new_tokens=6, temperature=0.0)
+    ref = engine.generate(prompts, sp)[0].token_ids
+    mine = jax.tree.map(lambda x: x + 0, params)
+    engine.update_weights(mine, "mine")
+    for leaf in jax.tree.leaves(params) + jax.tree.leaves(mine):
+        leaf.delete()
+    assert engine.generate(prompts, sp)[0].token_ids == ref
+    assert engine.max_positions == engine.cfg.max_position_embeddings and engine.vocab_limit == VOCAB
+    assert engine.replicas == 1 and engine.replica_mesh is None and engine.param_sharding is not None

@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from mpa_jax.rollout.server.streams import RowStream
-from mpa_jax.rollout.slots import Update
+from mpa_jax.rollout.types import Update
 from mpa_jax.rollout.types import GenerateResult, RolloutEngine, SamplingParams
 
 

@@ -1,8 +1,10 @@
-"""Admission per decode chunk: the server's rows are the slots of a `SlotLoop` (`mpa_jax.rollout.slots`).
+"""Admission per decode chunk: the server's rows are the embedded engine's slots (`Engine.submit`).
 
 Same interface as `Batcher` (`submit`, `stream_rows`, `lock`, `busy`, `wait_idle`, `calls`, `rows`), but
 a request joins the running batch at the next chunk boundary (a few decode steps) instead of waiting
-for a whole engine call, and its tokens are delivered as they are decoded (streaming).
+for a whole engine call, and its tokens are delivered as they are decoded (streaming). The engine is
+the one the agent loop uses; the server only sizes its slots (`config.serve.max_batch`, `slot_len`,
+`slot_chunk`).
 """
 from __future__ import annotations
 
@@ -10,60 +12,60 @@ import asyncio
 from typing import Any
 
 from mpa_jax.rollout.server.streams import RowStream
-from mpa_jax.rollout.slots import SlotDecoder, SlotLoop, SlotRequest
 from mpa_jax.rollout.types import GenerateResult, SamplingParams
 
 
 class SlotBatcher:
-    """Requests -> slot requests on a `SlotLoop` over `engine` (a JaxEngine the slot loop supports)."""
+    """Requests -> `engine.submit` (the embedded `Engine`, any model family)."""
 
     kind = "slots"
 
     def __init__(self, engine: Any, max_batch: int, *, max_len: int = 1024, chunk: int = 8) -> None:
         self.engine = engine
-        self.decoder = SlotDecoder(engine, slots=max_batch, max_len=max_len, chunk=chunk)
-        self.loop = SlotLoop(self.decoder)
-        self.max_batch = self.decoder.slots
-        self.lock = asyncio.Lock()  # held during weight updates (the loop picks new weights up between chunks)
+        engine.configure_slots(slots=max_batch, slot_len=max_len, chunk=chunk)
+        self.max_batch = engine.slots
+        self.lock = asyncio.Lock()  # held during weight updates (the engine swaps weights between chunks anyway)
         self.rows = 0
+        self._calls0 = engine.stats().get("prefills", 0.0)
 
     @property
     def calls(self) -> int:
-        """Prefill calls (admissions of waiting requests into free slots)."""
-        return self.decoder.prefills
+        """Prefill calls (admissions of waiting requests into free slots) since this batcher started."""
+        return int(self.engine.stats().get("prefills", 0.0) - self._calls0)
 
     @property
     def busy(self) -> bool:
-        return not self.loop.idle
+        return self.engine.busy
 
     @property
     def supports_top_logprobs(self) -> bool:
         return True
 
     async def wait_idle(self) -> None:
-        while not self.loop.idle:
+        while self.engine.busy:
             await asyncio.sleep(0.01)
 
     def close(self) -> None:
-        self.loop.close()
+        """Nothing of the server's to stop: the engine's loop thread ends by itself when idle."""
 
     def stream_rows(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], seeds: list[int],
                     top_logprobs: int = 0, updates: bool = True) -> RowStream:
         """Start generating `prompts` (one setting, or one per prompt); their updates as they are decoded
         (`updates=False`: only each row's final update, for consumers that need the result alone)."""
         rows = list(params) if isinstance(params, list) else [params] * len(prompts)
-        reqs: list[SlotRequest] = []
+        futures: list[Any] = []
 
         def cancel(i: int) -> None:
-            reqs[i].cancelled = True
+            # stop(), not Future.cancel(): a stopped request still sends its final update (the tokens so
+            # far), which the stream's consumer may be waiting for.
+            if i < len(futures):
+                futures[i].stop()
 
         stream = RowStream(len(prompts), cancel)
         for i, (p, sp, seed) in enumerate(zip(prompts, rows, seeds)):
-            reqs.append(SlotRequest(list(map(int, p)), sp, int(seed), int(top_logprobs),
-                                    on_update=lambda u, i=i: stream.push(i, u), updates=updates))
-        for r in reqs:
-            self.loop.submit(r)
-        self.rows += len(reqs)
+            futures.append(self.engine.submit(p, sp, int(seed), top_logprobs=int(top_logprobs),
+                                              on_update=lambda u, i=i: stream.push(i, u), updates=updates))
+        self.rows += len(futures)
         return stream
 
     async def submit(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], seeds: list[int],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from mpa_jax.rollout.slots import Update
+from mpa_jax.rollout.types import Update
 
 
 class RowStream:
