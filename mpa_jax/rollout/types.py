@@ -17,7 +17,8 @@ Conventions (shared by the embedded JAX engine, the SGLang client and `mpa serve
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, Sequence, runtime_checkable
+import concurrent.futures
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -137,4 +138,34 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, source: Any, version: str) -> None:
         """Swap in new weights (a params pytree or an exported HF checkpoint directory) labelled `version`."""
+        ...
+
+
+@runtime_checkable
+class StreamingEngine(RolloutEngine, Protocol):
+    """A RolloutEngine that also takes requests one at a time (the embedded `jax_engine.Engine`): what a
+    continuous episode runner (an episode's next turn submitted when its feedback is ready) and
+    `mpa serve` need, so that no caller probes an engine's internals."""
+
+    @property
+    def vocab_limit(self) -> int:
+        """Sampled ids are below this (the tokenizer's size)."""
+        ...
+
+    @property
+    def max_positions(self) -> int:
+        """Longest prompt + new tokens of one request."""
+        ...
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        seed: int | None = None,
+        *,
+        top_logprobs: int = 0,
+        on_update: Callable[[Update], None] | None = None,
+        updates: bool = True,
+    ) -> "concurrent.futures.Future[GenerateResult]":
+        """Queue one request; its future resolves to its result. `on_update` streams its tokens."""
         ...
