@@ -4,16 +4,15 @@ running batch between decode chunks, give the engine's own tokens, and stream as
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import openai
 import pytest
 
 from mpa_jax import tokenizer as tk
-from mpa_jax.rollout.jax_engine import JaxEngine
+from mpa_jax.rollout.jax_engine import Engine
 from mpa_jax.rollout.server import ServerThread, SlotBatcher, create_app
-from mpa_jax.rollout.slots import SlotDecoder, SlotLoop, SlotRequest, slot_support, timed_wait
+from mpa_jax.rollout.slots import slot_support, timed_wait
 from mpa_jax.rollout.testing import ScriptedEngine, tiny_checkpoint
 from mpa_jax.rollout.types import SamplingParams
 
@@ -28,101 +27,72 @@ def ckpt(tok, tmp_path_factory):
     return tiny_checkpoint(str(tmp_path_factory.mktemp("slots") / "m"), vocab_size=tok.vocab_size + 200, seed=5)
 
 
-class _Collect:
-    """Final updates of SlotRequests, by name, with the time each finished."""
-
-    def __init__(self) -> None:
-        self.done: dict[str, object] = {}
-        self.at: dict[str, float] = {}
-        self.cv = threading.Condition()
-
-    def cb(self, name: str):
-        def f(u):
-            if u.result is not None or u.error is not None:
-                with self.cv:
-                    self.done[name], self.at[name] = u, time.monotonic()
-                    self.cv.notify_all()
-        return f
-
-    def wait(self, n: int, timeout: float = 120) -> None:
-        with self.cv:
-            assert self.cv.wait_for(lambda: len(self.done) >= n, timeout), self.done.keys()
-
-
-def _assert_engine_results(got: "_Collect", ref: list) -> None:
-    """Each collected result has the engine's own tokens, finish reason and log-probs."""
-    for i, want in enumerate(ref):
-        r = got.done[str(i)].result
+def _assert_engine_results(got: list, ref: list) -> None:
+    """Each result has the whole-batch program's tokens, finish reason and log-probs."""
+    for i, (r, want) in enumerate(zip(got, ref)):
         assert r.token_ids == want.token_ids and r.finish_reason == want.finish_reason, i
         assert np.allclose(r.logprobs, want.logprobs, atol=1e-4)
 
 
-def test_slot_loop_gives_the_engines_tokens_and_admits_mid_generation(ckpt, tok):
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=8, vocab_limit=tok.vocab_size)
-    loop = SlotLoop(SlotDecoder(engine, slots=4, max_len=96, chunk=2))
+def test_slots_give_the_engines_tokens_and_admit_mid_generation(ckpt, tok):
+    engine = Engine.from_pretrained(ckpt, max_batch=8, slots=4, slot_len=96, chunk=2, vocab_limit=tok.vocab_size)
     try:
         rng = np.random.default_rng(0)
         prompts = [[int(x) for x in rng.integers(1, tok.vocab_size, size=n)] for n in (5, 9, 12, 3, 7, 40)]
         settings = [SamplingParams(max_new_tokens=m, temperature=t, top_k=k, stop_token_ids=(3,))
                     for m, t, k in [(10, 0.0, -1), (17, 1.0, -1), (5, 0.7, 20), (12, 0.0, -1), (9, 1.5, -1), (60, 1.0, -1)]]
-        ref = engine.generate_rows(prompts, settings, list(range(6)), 2)
-        got = _Collect()
+        ref = engine.generate_batch(prompts, settings, list(range(6)), 2)
         # More requests than slots (4): the last ones wait for free slots; one does not fit a slot at all.
-        for i in range(6):
-            loop.submit(SlotRequest(prompts[i], settings[i], i, 2, got.cb(str(i))))
-        got.wait(6)
+        got = [f.result(300) for f in [engine.submit(prompts[i], settings[i], i, top_logprobs=2) for i in range(6)]]
         _assert_engine_results(got, ref)
-        for i in range(6):
-            r = got.done[str(i)].result
-            assert [t for t, _ in r.top_logprobs[0]] == [t for t, _ in ref[i].top_logprobs[0]]
-        assert loop.fallback_rows == 1  # 40 prompt tokens -> bucket 64, + 60 new > 96: one whole engine call
-        # A short request sent while a long one runs finishes first: it joined the running batch.
-        got = _Collect()
-        long = SamplingParams(max_new_tokens=80, temperature=1.0, stop_token_ids=())
-        loop.submit(SlotRequest(prompts[0], long, 1, 0, got.cb("long")))
-        assert timed_wait(lambda: loop.admitted >= 6, 60)
-        steps0 = loop.dec.steps
-        assert timed_wait(lambda: loop.dec.steps > steps0, 60)  # the long one is decoding
-        loop.submit(SlotRequest(prompts[1], SamplingParams(max_new_tokens=4, temperature=0.0), 2, 0, got.cb("short")))
-        got.wait(2)
-        assert got.at["short"] < got.at["long"] and len(got.done["long"].result.token_ids) == 80
-        assert loop.idle
+        for r, want in zip(got, ref):
+            assert [t for t, _ in r.top_logprobs[0]] == [t for t, _ in want.top_logprobs[0]]
+        assert engine.stats()["fallback_rows"] == 1  # 40 prompt tokens -> bucket 64, + 60 new > 96: the whole-batch program
+        # A short request sent while a long one runs finishes first: it joined the running batch (counted:
+        # the long one had streamed only part of its tokens when the short one's result came).
+        streamed: list[int] = []
+        decoding = threading.Event()
+        long = engine.submit(prompts[0], SamplingParams(max_new_tokens=80, temperature=1.0), 1,
+                             on_update=lambda u: (streamed.extend(u.token_ids), decoding.set()))
+        assert decoding.wait(120)
+        engine.submit(prompts[1], SamplingParams(max_new_tokens=4, temperature=0.0), 2).result(120)
+        assert len(streamed) < 80 and not long.done()
+        assert len(long.result(120).token_ids) == 80 and not engine.busy
     finally:
-        loop.close()
+        engine.close()
 
 
-def test_slot_loop_over_two_replicas_gives_the_engines_tokens(ckpt, tok):
+def test_slots_over_two_replicas_give_the_engines_tokens(ckpt, tok):
     """Slots split over two engine replicas (one program per replica under shard_map), rows admitted at
-    different ring heads, long chunks while nobody waits: still the engine's own tokens."""
+    different ring heads, long chunks while nobody waits: still the whole-batch program's tokens."""
     import jax
 
     # conftest forces 8 host devices; a run that overrides XLA_FLAGS with fewer must not pass silently
     assert jax.local_device_count() >= 2, "needs 2 host devices (XLA_FLAGS=--xla_force_host_platform_device_count)"
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=8, vocab_limit=tok.vocab_size, replicas=2)
     # max_prefill 1: an admission of 3 prompts is split into prefill calls of one prompt per replica.
-    dec = SlotDecoder(engine, slots=4, max_len=64, chunk=2, max_prefill=1)
-    assert dec.replicas == 2 and dec.long_chunk == 8
-    loop = SlotLoop(dec)
+    engine = Engine.from_pretrained(ckpt, max_batch=8, slots=4, slot_len=64, chunk=2, max_prefill=1,
+                                    vocab_limit=tok.vocab_size, replicas=2)
     try:
+        assert engine.replicas == 2 and engine.slots == 4 and engine.replica_mesh.devices.size == 2
         rng = np.random.default_rng(1)
         prompts = [[int(x) for x in rng.integers(1, tok.vocab_size, size=n)] for n in (6, 11, 3, 14, 9, 5)]
         settings = [SamplingParams(max_new_tokens=m, temperature=t, stop_token_ids=(3,))
                     for m, t in [(30, 1.0), (12, 0.0), (40, 0.7), (7, 1.0), (25, 1.5), (33, 0.0)]]
-        ref = engine.generate_rows(prompts, settings, list(range(6)))
-        got = _Collect()
-        loop.submit(SlotRequest(prompts[0], settings[0], 0, 0, got.cb("0")))  # alone first: long chunks
-        assert timed_wait(lambda: loop.dec.steps >= 2, 60)
-        for i in range(1, 6):  # more requests than slots, admitted as slots free up (other ring heads)
-            loop.submit(SlotRequest(prompts[i], settings[i], i, 0, got.cb(str(i))))
-        got.wait(6)
-        _assert_engine_results(got, ref)
-        assert loop.admitted == 6 and dec.prefills >= 3  # at most one prompt per replica per call
+        ref = engine.generate_batch(prompts, settings, list(range(6)))
+        started = threading.Event()
+        first = engine.submit(prompts[0], settings[0], 0, on_update=lambda u: started.set())  # alone first: long chunks
+        assert started.wait(120)
+        # More requests than slots, admitted as slots free up (at other ring heads).
+        rest = [engine.submit(prompts[i], settings[i], i) for i in range(1, 6)]
+        _assert_engine_results([first.result(300)] + [f.result(300) for f in rest], ref)
+        stats = engine.stats()
+        assert stats["admitted"] == 6 and stats["prefills"] >= 3  # at most one prompt per replica per call
     finally:
-        loop.close()
+        engine.close()
 
 
 def test_support_and_fallback(tok):
-    assert "JaxEngine" in slot_support(ScriptedEngine(tok, ["hi"]))
+    assert "not the embedded engine" in slot_support(ScriptedEngine(tok, ["hi"]))
     app = create_app(ScriptedEngine(tok, ["hi"]), tok, batcher="slots")  # not supported: the call batcher
     with ServerThread(app):
         assert app.state.get_batcher().kind == "call"
@@ -131,34 +101,35 @@ def test_support_and_fallback(tok):
 
 
 def test_stream_arrives_while_generating_and_a_closed_stream_frees_its_slot(ckpt, tok):
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=4, vocab_limit=tok.vocab_size)
+    engine = Engine.from_pretrained(ckpt, max_batch=4, vocab_limit=tok.vocab_size)
     app = create_app(engine, tok, max_batch=4, slot_len=512, slot_chunk=2)
     with ServerThread(app) as server:
         batcher = app.state.get_batcher()
-        assert isinstance(batcher, SlotBatcher)
+        assert isinstance(batcher, SlotBatcher) and engine.slots == 4 and engine.slot_len == 512
         c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=300)
         kw = dict(model="mpa", prompt="set an alarm", max_tokens=160, temperature=0.0)
-        c.completions.create(**{**kw, "max_tokens": 8})  # compile outside the timed run
-        t0 = time.monotonic()
-        arrivals, text = [], ""
+        c.completions.create(**{**kw, "max_tokens": 8})  # compile outside the streamed run
+        finished = engine.stats()["finished"]
+        pieces, text, open_at_first = 0, "", None
         for chunk in c.completions.create(**kw, stream=True):
             if chunk.choices and chunk.choices[0].text:
-                arrivals.append(time.monotonic() - t0)
+                if open_at_first is None:  # counted, not timed: was the request still decoding then?
+                    open_at_first = engine.stats()["finished"] == finished
+                pieces += 1
                 text += chunk.choices[0].text
-        total = time.monotonic() - t0
         whole = c.completions.create(**kw)
         assert text == whole.choices[0].text and whole.usage.completion_tokens >= 64
-        # Content came in many pieces spread over the run, the first well before the end (with the
-        # call batcher every piece arrives together, after the whole generation).
-        assert len(set(arrivals)) > 3
-        assert arrivals[0] < 0.5 * arrivals[-1] and arrivals[-1] <= total
+        # Content came in many pieces, the first while the request was still decoding (with the call
+        # batcher every piece arrives together, after the whole generation).
+        assert pieces > 3 and open_at_first
         # A client that closes its stream frees the slot long before max_tokens.
+        cancelled = engine.stats()["cancelled_rows"]
         stream = c.completions.create(**{**kw, "max_tokens": 400}, stream=True)
         for i, _ in enumerate(stream):
             if i == 2:
                 break
         stream.close()
-        assert timed_wait(lambda: batcher.loop.idle, 60) and batcher.loop.cancelled_rows == 1
+        assert timed_wait(lambda: not engine.busy, 60) and engine.stats()["cancelled_rows"] == cancelled + 1
 
 
 def test_streamed_tool_calls_go_out_as_each_call_closes(tok):
