@@ -259,6 +259,7 @@ class Engine:
             return {}
         out = {"admitted": float(loop.admitted), "finished": float(loop.finished), "fallback_rows": float(loop.fallback_rows),
                "cancelled_rows": float(loop.cancelled_rows), "prefills": float(loop.dec.prefills), "chunks": float(loop.dec.steps),
+               "loop_thread": float(loop.thread_alive),
                **{f"{k}_s": v for k, v in loop.seconds.items()}}
         out.update(loop.utilisation())
         return out
@@ -267,8 +268,12 @@ class Engine:
 
     def _own(self, params: Any) -> Any:
         """`params` in fresh buffers of the engine's placement: a caller may donate or change its own
-        arrays afterwards (the learner's train step donates its state)."""
-        return jax.device_put(params, self._param_shardings, may_alias=False)
+        arrays afterwards (the learner's train step donates its state).
+
+        Host arrays are copied first: on CPU `device_put` of a numpy array may alias its memory whatever
+        `may_alias` says, and `jax.device_get` of a CPU array is itself a view of the device buffer."""
+        fresh = jax.tree.map(lambda x: np.array(x, copy=True) if isinstance(x, np.ndarray) else x, params)
+        return jax.device_put(fresh, self._param_shardings, may_alias=False)
 
     def update_weights(self, source: Any, version: str) -> None:
         """Swap in new weights: a params pytree (copied; any placement) or an exported HF checkpoint dir.
@@ -287,13 +292,14 @@ class Engine:
         if _tree_signature(params) != self._signature:
             raise EngineError("update_weights: new params differ in structure, shape or dtype from the engine's")
         placed = self._own(params)  # copied outside the loop's pause: decoding goes on meanwhile
-        loop = self._loop
-        if loop is None:
-            self._weights = (placed, str(version))
-            return
-        with loop.paused():
-            self._weights = (placed, str(version))
-            loop.dec.set_weights(placed, str(version))
+        with self._build:  # no slot loop is built or replaced meanwhile (it would start from the old weights)
+            loop = self._loop
+            if loop is None:
+                self._weights = (placed, str(version))
+                return
+            with loop.paused():
+                self._weights = (placed, str(version))
+                loop.dec.set_weights(placed, str(version))
 
     # ---- slots -------------------------------------------------------------------------------------
 
@@ -388,14 +394,30 @@ class Engine:
         `top_logprobs` > 0 also returns, per sampled token, that many most likely ids and their
         log-probs. Bad inputs raise ValueError here, in the caller's thread.
         """
-        prompt = [int(t) for t in prompt_ids]
-        self._check(0, prompt, params)
-        if not 0 <= int(top_logprobs) <= 64:
-            raise ValueError(f"generate: top_logprobs must be in [0, 64], got {top_logprobs}")
-        req = SlotRequest(prompt, params, int(params.seed if seed is None else seed), int(top_logprobs), on_update, updates)
-        fut = GenerationFuture(req)
-        self._slot_loop().submit(req)
-        return fut
+        return self.submit_many([prompt_ids], [params], [params.seed if seed is None else seed], top_logprobs=top_logprobs,
+                                on_update=None if on_update is None else [on_update], updates=updates)[0]
+
+    def submit_many(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: Sequence[SamplingParams],
+        seeds: Sequence[int],
+        *,
+        top_logprobs: int = 0,
+        on_update: Sequence[Callable[[Update], None] | None] | None = None,
+        updates: bool = True,
+    ) -> list[GenerationFuture]:
+        """`submit` for several requests at once: they reach the slots at the same chunk boundary, in
+        order (on an idle engine a batch then runs the same way every time: bitwise the same results
+        for the same inputs, whatever ran before). Every input is checked before any is queued."""
+        prompts, params, seeds = self._rows(prompts, params, seeds, top_logprobs)
+        callbacks = list(on_update) if on_update is not None else [None] * len(prompts)
+        if len(callbacks) != len(prompts):
+            raise ValueError(f"submit_many: {len(callbacks)} callbacks for {len(prompts)} prompts")
+        reqs = [SlotRequest(p, sp, s, int(top_logprobs), cb, updates) for p, sp, s, cb in zip(prompts, params, seeds, callbacks)]
+        futures = [GenerationFuture(r) for r in reqs]
+        self._slot_loop().submit_all(reqs)
+        return futures
 
     def generate(
         self,
@@ -418,9 +440,10 @@ class Engine:
         their log-probs (`GenerateResult.top_logprobs`). Row `i` uses `seeds[i]`, else
         `params[i].seed + i`.
         """
-        prompts, params, row_seeds = self._rows(prompts, params, seeds, top_logprobs)
+        params = list(params)
+        row_seeds = list(seeds) if seeds is not None else [sp.seed + i for i, sp in enumerate(params)]
         t0 = time.perf_counter()
-        futures = [self.submit(p, sp, s, top_logprobs=top_logprobs) for p, sp, s in zip(prompts, params, row_seeds)]
+        futures = self.submit_many(prompts, params, row_seeds, top_logprobs=top_logprobs)
         try:
             return [f.result() for f in futures]
         finally:

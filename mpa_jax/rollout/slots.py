@@ -504,6 +504,7 @@ class SlotLoop:
         s = decoder.slots
         self._queue: "queue.SimpleQueue[SlotRequest]" = queue.SimpleQueue()
         self._waiting: list[SlotRequest] = []
+        self._admitting: list[SlotRequest] = []  # taken from the queue for the prefill running now
         self._slot: list[SlotRequest | None] = [None] * s
         self._pos = np.zeros((s,), np.int32)
         self._t = np.zeros((s,), np.int32)
@@ -519,6 +520,7 @@ class SlotLoop:
         self._wake = threading.Event()
         self._gate = threading.Lock()  # held by the loop while it works; pause() takes it
         self._life = threading.Lock()  # guards starting and ending the thread
+        self._enqueue = threading.Lock()  # a group of requests enters the queue, and leaves it, at once
         self._thread: threading.Thread | None = None
         self._stop = False
         self._count = threading.Lock()  # `pending` changes on submitting threads and on the loop's
@@ -543,9 +545,16 @@ class SlotLoop:
 
     def submit(self, request: SlotRequest) -> None:
         """Queue `request` (thread-safe); the loop's thread starts if it is not running."""
+        self.submit_all([request])
+
+    def submit_all(self, requests: list[SlotRequest]) -> None:
+        """Queue `requests` as one group: the loop sees all of them at the same chunk boundary (a batch
+        call on an idle loop then runs the same way every time: same slots, same chunks)."""
         with self._count:
-            self.pending += 1
-        self._queue.put(request)
+            self.pending += len(requests)
+        with self._enqueue:
+            for r in requests:
+                self._queue.put(r)
         with self._life:
             if self._stop:
                 raise RuntimeError("SlotLoop.submit: the loop is closed")
@@ -557,6 +566,12 @@ class SlotLoop:
     @property
     def idle(self) -> bool:
         return self.pending == 0
+
+    @property
+    def thread_alive(self) -> bool:
+        """Whether the loop's thread is running (it ends after `idle_exit_s` without work)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
 
     @property
     def running(self) -> int:
@@ -572,7 +587,8 @@ class SlotLoop:
         chunks that started with requests waiting for a slot (the scheduler's own share of idle slots)."""
         return {"slot_busy": self.busy_slot_steps / self.slot_steps if self.slot_steps else 0.0,
                 "slot_busy_queued": self.queued_busy_slot_steps / self.queued_slot_steps if self.queued_slot_steps else 0.0,
-                "slot_steps": float(self.slot_steps), "queued_slot_steps": float(self.queued_slot_steps)}
+                "slot_steps": float(self.slot_steps), "busy_slot_steps": float(self.busy_slot_steps),
+                "queued_slot_steps": float(self.queued_slot_steps), "queued_busy_slot_steps": float(self.queued_busy_slot_steps)}
 
     def close(self) -> None:
         """Stop the thread (requests still queued or running get an error)."""
@@ -641,13 +657,21 @@ class SlotLoop:
                 self._finish(req, None, e)
         while not self._queue.empty():
             self._waiting.append(self._queue.get())
-        for req in self._waiting:
+        for req in self._admitting + self._waiting:
             self._finish(req, None, e)
-        self._waiting = []
+        self._admitting, self._waiting = [], []
 
     def _admit(self) -> None:
-        while not self._queue.empty():
-            req = self._queue.get()
+        if all(r is None for r in self._slot):
+            # Idle: start the ring over, so that what runs next does not depend on what ran before
+            # (which columns a row occupies changes float rounding in attention; a resumed run must
+            # sample what the original run sampled).
+            self.dec.head = 0
+        with self._enqueue:
+            arrived = []
+            while not self._queue.empty():
+                arrived.append(self._queue.get())
+        for req in arrived:
             if req.future is not None and not req.future.set_running_or_notify_cancel():
                 with self._count:  # cancelled while it waited: nobody wants its result
                     self.pending -= 1
@@ -681,6 +705,7 @@ class SlotLoop:
             return
         take = self._waiting[: len(free)]
         self._waiting = self._waiting[len(free):]
+        self._admitting = list(take)  # a failing prefill answers these too (`_fail_all`)
         self._churn = True
         # One prefill per prompt bucket: a prompt padded to a longer neighbour's width could overflow its slot.
         by_width: dict[int, list[SlotRequest]] = {}
@@ -699,12 +724,14 @@ class SlotLoop:
                 group.append((s, r))
                 count[s % reps] += 1
             self._prefill(group, width)
+        self._admitting = []
         self.admitted += len(take)
 
     def _prefill(self, group: list[tuple[int, SlotRequest]], width: int) -> None:
         self.dec.prefill([r.prompt for _, r in group], [s for s, _ in group])
         for s, r in group:
             self._place(s, r, width)
+            self._admitting.remove(r)
 
     def _place(self, s: int, r: SlotRequest, width: int) -> None:
         sp = r.params

@@ -329,3 +329,42 @@ def test_engine_owns_its_weights(ckpt):
     assert engine.generate(prompts, sp)[0].token_ids == ref
     assert engine.max_positions == engine.cfg.max_position_embeddings and engine.vocab_limit == VOCAB
     assert engine.replicas == 1 and engine.replica_mesh is None and engine.param_sharding is not None
+
+
+def test_idle_loop_thread_ends_and_restarts_and_close_answers_the_queue(ckpt):
+    """The slot loop's thread ends when idle (an engine nobody uses holds no thread) and the next request
+    starts it again; `close()` frees the slots and a later request builds them again."""
+    from mpa_jax.rollout.slots import timed_wait
+
+    engine = JaxEngine.from_pretrained(ckpt, max_batch=2, idle_exit_s=0.0)
+    prompts = _prompts((6, 4), seed=13)
+    sp = SamplingParams(max_new_tokens=5, temperature=0.0)
+    first = engine.generate(prompts, sp)
+    assert timed_wait(lambda: engine.stats()["loop_thread"] == 0.0, 60)
+    assert [r.token_ids for r in engine.generate(prompts, sp)] == [r.token_ids for r in first]
+    engine.close()
+    assert [r.token_ids for r in engine.generate(prompts, sp)] == [r.token_ids for r in first]
+    engine.close()
+
+
+def test_weights_from_the_host_are_copied_too(ckpt):
+    """`jax.device_get` of a CPU array is a view of its buffer and `device_put` of numpy may alias it:
+    an engine given host copies of a learner's arrays still shares no buffer with them."""
+    params = jax.tree.map(jax.numpy.asarray, models.from_pretrained(ckpt).params)
+    pointers = {x.unsafe_buffer_pointer() for x in jax.tree.leaves(params)}
+    engine = JaxEngine(models.from_pretrained(ckpt).cfg, jax.device_get(params), max_batch=2)
+    engine.update_weights(jax.device_get(params), "host")
+    assert not pointers & {x.unsafe_buffer_pointer() for x in jax.tree.leaves(engine.params)}
+
+
+def test_a_batch_on_an_idle_engine_is_bitwise_reproducible(ckpt, engine):
+    """What an idle engine samples for a batch does not depend on what it ran before (bitwise: tokens
+    and log-probs), so a resumed RL run samples what the original did: the ring starts over when idle and
+    a batch reaches the slots as one group."""
+    prompts = _prompts((7, 30, 12, 4, 19), seed=14)
+    sp = SamplingParams(max_new_tokens=21, temperature=1.0)
+    engine.generate(_prompts((25, 3, 9), seed=15), sp.replace(max_new_tokens=13), seeds=[7, 8, 9])  # something else first
+    used = engine.generate(prompts, sp, seeds=[1, 2, 3, 4, 5])
+    fresh = JaxEngine.from_pretrained(ckpt, max_batch=4).generate(prompts, sp, seeds=[1, 2, 3, 4, 5])
+    assert [r.token_ids for r in used] == [r.token_ids for r in fresh]
+    assert [r.logprobs for r in used] == [r.logprobs for r in fresh]

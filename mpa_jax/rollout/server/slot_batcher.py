@@ -62,9 +62,10 @@ class SlotBatcher:
                 futures[i].stop()
 
         stream = RowStream(len(prompts), cancel)
-        for i, (p, sp, seed) in enumerate(zip(prompts, rows, seeds)):
-            futures.append(self.engine.submit(p, sp, int(seed), top_logprobs=int(top_logprobs),
-                                              on_update=lambda u, i=i: stream.push(i, u), updates=updates))
+        # One group: a request's n choices reach the slots together.
+        futures.extend(self.engine.submit_many(prompts, rows, [int(s) for s in seeds], top_logprobs=int(top_logprobs),
+                                               on_update=[lambda u, i=i: stream.push(i, u) for i in range(len(prompts))],
+                                               updates=updates))
         self.rows += len(futures)
         return stream
 
