@@ -16,9 +16,11 @@ samples), the same per-(episode, turn) seeds in every mode. Modes:
 
 Each mode runs twice on the same tasks and seeds; the second run is timed (its programs are compiled;
 the compile count of the timed run is printed). Printed per mode: episodes/s, sampled tokens/s, wall,
-decode-slot utilisation (slot-steps that emitted a token / all slot-steps: `busy`; over chunks that
-started with requests waiting for a slot: `busy while queued`; for the whole-batch program, rows x
-decode steps of each call per replica), and how many episodes have exactly the `batch` mode's tokens.
+decode-slot utilisation (slot-steps that emitted a token / all slot-steps: `slots busy`; the same over
+chunks that started with requests waiting for a slot, every slot taken: `while queued`), the share of
+the decode rows actually computed that emitted a token (`rows busy`: the slot programs run a prefix of
+the slots; the whole-batch program runs its padded rows until each replica's longest row ends), and
+how many episodes have exactly the first mode's tokens.
 
 Usage: `python bench/rollout_engine.py [--episodes 64] [--slots 64 32] [--replicas 0] [--chunk 8]
 [--temperature 1.0] [--modes batch rounds continuous]`.
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=8, help="decode steps per chunk")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--modes", nargs="+", choices=["batch", "rounds", "continuous"], default=["batch", "rounds", "continuous"])
+    ap.add_argument("--warm-runs", type=int, default=1, help="untimed runs of each mode first (compiles)")
     args = ap.parse_args(argv)
     replicas = args.replicas or len(os.sched_getaffinity(0))
     # One XLA host device per replica; read by XLA at start-up, so set before jax is imported.
@@ -157,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                                       replicas=replicas, max_batch=len(tasks), vocab_limit=tok.vocab_size)
 
     def timed(fn, eng):
-        fn()  # compiles what this mode needs
+        for _ in range(args.warm_runs):
+            fn()  # compiles what this mode needs
         c0, s0 = eng.compiles, dict(eng.stats())
         t0 = time.perf_counter()
         trajs = fn()
@@ -182,25 +186,29 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "batch":
                 wb.row_steps = wb.tokens = 0
                 fn()  # once more, counting rows x steps of this (identical) run alone
-                busy, busy_q = wb.tokens / max(wb.row_steps, 1), float("nan")
+                busy = busy_q = float("nan")  # no slots: rows exist per call only
+                computed = wb.tokens / max(wb.row_steps, 1)
             else:
                 d = lambda k: s1.get(k, 0.0) - s0.get(k, 0.0)  # noqa: E731
                 busy = d("busy_slot_steps") / max(d("slot_steps"), 1)
+                computed = d("busy_slot_steps") / max(d("computed_slot_steps"), 1)
                 busy_q = d("queued_busy_slot_steps") / d("queued_slot_steps") if d("queued_slot_steps") else float("nan")
             if ref is None:
                 ref = [t.tokens for t in trajs]
             same = sum(t.tokens == r for t, r in zip(trajs, ref))
             succ = sum(bool(t.verification and t.verification.success) for t in trajs)
             rows.append((mode, slots if mode != "batch" else "-", len(trajs) / wall, tokens / wall, wall, busy, busy_q,
-                         compiles, same, succ))
-            print(f"  {mode} (slots {slots}): {wall:.1f} s", flush=True)
+                         computed, compiles, same, succ))
+            split = "" if mode == "batch" else ", engine thread: " + ", ".join(
+                f"{k} {s1.get(k + '_s', 0.0) - s0.get(k + '_s', 0.0):.1f} s" for k in ("admit", "decode", "deliver"))
+            print(f"  {mode} (slots {slots}): {wall:.1f} s{split}", flush=True)
             eng.close()
-    print(f"{'mode':>10} {'slots':>5} {'episodes/s':>10} {'tok/s':>8} {'wall s':>7} {'busy':>6} {'busy while queued':>17} "
-          f"{'compiles':>8} {'same tokens':>11} {'success':>7}")
-    for mode, slots, eps, tps, wall, busy, busy_q, compiles, same, succ in rows:
-        q = f"{busy_q:.3f}" if busy_q == busy_q else "-"
-        print(f"{mode:>10} {slots!s:>5} {eps:>10.3f} {tps:>8.1f} {wall:>7.1f} {busy:>6.3f} {q:>17} {compiles:>8} "
-              f"{same:>5}/{len(ref):<5} {succ:>7}")
+    print(f"{'mode':>10} {'slots':>5} {'episodes/s':>10} {'tok/s':>8} {'wall s':>7} {'slots busy':>10} {'while queued':>12} "
+          f"{'rows busy':>9} {'compiles':>8} {'same tokens':>11} {'success':>7}")
+    f = lambda x: f"{x:.3f}" if x == x else "-"  # noqa: E731
+    for mode, slots, eps, tps, wall, busy, busy_q, computed, compiles, same, succ in rows:
+        print(f"{mode:>10} {slots!s:>5} {eps:>10.3f} {tps:>8.1f} {wall:>7.1f} {f(busy):>10} {f(busy_q):>12} {f(computed):>9} "
+              f"{compiles:>8} {same:>5}/{len(ref):<5} {succ:>7}")
     base = rows[0][2]
     print("episodes/s relative to the first mode: " + ", ".join(f"{m} ({s}) {e / base:.2f}x" for m, s, e, *_ in rows))
     return 0

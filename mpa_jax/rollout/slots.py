@@ -366,9 +366,15 @@ def _jitted_prefill(cfg: models.ModelConfig, cache_dtype: str | None, mesh: Any,
     def prefill(params, state, logits, ids, mask, where, head):
         # One replica's view: state [1, per, ...], ids/mask [1, nb, P], where [1, nb] (slot within the
         # replica), head [1]. The prompts go in the P ring columns just behind the head.
-        one = jax.tree.map(lambda x: x[0], state)
-        lg, one = models.prefill_slots(cfg, params, one, ids[0], mask[0], where[0], head[0], cache_dtype)
-        return jax.tree.map(lambda x: x[None], one), logits.at[0, where[0]].set(lg, mode="drop")
+        def run(state, logits):
+            one = jax.tree.map(lambda x: x[0], state)
+            lg, one = models.prefill_slots(cfg, params, one, ids[0], mask[0], where[0], head[0], cache_dtype)
+            return jax.tree.map(lambda x: x[None], one), logits.at[0, where[0]].set(lg, mode="drop")
+
+        # A replica with no prompt of its own this call skips the work (its filler rows would take a
+        # core from the replica that has one: a lone returning episode is the common admission).
+        per = logits.shape[1]
+        return jax.lax.cond(jnp.any(where[0] < per), run, lambda s, lg: (s, lg), state, logits)
 
     return _per_replica(prefill, mesh, 7, out)
 
@@ -539,6 +545,7 @@ class SlotLoop:
         self.busy_slot_steps = 0
         self.queued_slot_steps = 0
         self.queued_busy_slot_steps = 0
+        self.computed_slot_steps = 0
         self._churn = False  # a request was admitted or retired since the last chunk
 
     # ---- public ------------------------------------------------------------------------------------
@@ -584,8 +591,12 @@ class SlotLoop:
 
     def utilisation(self) -> dict[str, float]:
         """Decode-slot use: the fraction of slot-steps that emitted a token, over all chunks and over
-        chunks that started with requests waiting for a slot (the scheduler's own share of idle slots)."""
+        chunks that started with requests waiting for a slot (every slot taken: what is idle then is the
+        scheduler's doing, rows that ended mid-chunk); and of the rows the chunk programs computed (a
+        prefix of the slots: idle slots past it cost nothing)."""
         return {"slot_busy": self.busy_slot_steps / self.slot_steps if self.slot_steps else 0.0,
+                "computed_busy": self.busy_slot_steps / self.computed_slot_steps if self.computed_slot_steps else 0.0,
+                "computed_slot_steps": float(self.computed_slot_steps),
                 "slot_busy_queued": self.queued_busy_slot_steps / self.queued_slot_steps if self.queued_slot_steps else 0.0,
                 "slot_steps": float(self.slot_steps), "busy_slot_steps": float(self.busy_slot_steps),
                 "queued_slot_steps": float(self.queued_slot_steps), "queued_busy_slot_steps": float(self.queued_busy_slot_steps)}
@@ -700,7 +711,7 @@ class SlotLoop:
                 self.fallback_rows += len(big)
                 for r, res in zip(big, out):
                     self._finish(r, res, new=(res.token_ids, res.logprobs, res.top_logprobs))
-        free = [s for s in range(self.dec.slots) if self._slot[s] is None]
+        free = self._free_slots()
         if not free or not self._waiting:
             return
         take = self._waiting[: len(free)]
@@ -726,6 +737,19 @@ class SlotLoop:
             self._prefill(group, width)
         self._admitting = []
         self.admitted += len(take)
+
+    def _free_slots(self) -> list[int]:
+        """Free slots in the order to fill them: replicas in turn, the least busy first, and within a
+        replica the lowest slot first (a chunk computes a prefix of each replica's slots)."""
+        r = self.dec.replicas
+        load = [sum(self._slot[s] is not None for s in range(k, self.dec.slots, r)) for k in range(r)]
+        per_rep = [[s for s in range(k, self.dec.slots, r) if self._slot[s] is None] for k in range(r)]
+        out: list[int] = []
+        while any(per_rep):
+            k = min((k for k in range(r) if per_rep[k]), key=lambda k: (load[k], k))
+            out.append(per_rep[k].pop(0))
+            load[k] += 1
+        return out
 
     def _prefill(self, group: list[tuple[int, SlotRequest]], width: int) -> None:
         self.dec.prefill([r.prompt for _, r in group], [s for s, _ in group])
@@ -760,7 +784,7 @@ class SlotLoop:
         filtered = not greedy and any(r.params.filtered and not r.params.greedy for r in live_reqs)
         want = max(r.top_logprobs for r in live_reqs)
         n_top = _bucket(want) if want else 0
-        queued = bool(self._waiting) or not self._queue.empty()
+        queued = bool(self._waiting)  # requests admission could not place: every slot was taken
         steps = self.dec.steps_at(self._lone())
         span = self.dec.span(int(self._cols[self._live].max()) + steps)
         self.live_rows += len(live_reqs)
@@ -776,6 +800,8 @@ class SlotLoop:
         busy = int(emitted.sum())
         self.slot_steps += steps * self.dec.slots
         self.busy_slot_steps += busy
+        width = _coarse(int(np.flatnonzero(self._live).max()) // self.dec.replicas + 1, self.dec.per_replica)
+        self.computed_slot_steps += steps * width * self.dec.replicas  # rows the chunk program ran
         if queued:
             self.queued_slot_steps += steps * self.dec.slots
             self.queued_busy_slot_steps += busy
