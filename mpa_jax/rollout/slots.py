@@ -257,15 +257,17 @@ class SlotDecoder:
             nb = min(nb * 2, self.max_prefill)
         s = self.slots
         z = lambda dt, v=0: np.full((s,), v, dt)  # noqa: E731
-        spans = sorted({self.span(n) for n in range(prompt_bucket(prompt_len, self.min_prompt_bucket) + self.chunk,
-                                                     prompt_bucket(prompt_len, self.min_prompt_bucket) + max_new + 2 * self.long_chunk)})
+        width = prompt_bucket(prompt_len, self.min_prompt_bucket)
+        # The windows `SlotLoop._step` can ask for: the columns a row holds (prompt bucket + tokens so far) plus a chunk.
+        spans = {steps: sorted({self.span(n + steps) for n in range(width, width + max_new + 1)})
+                 for steps in {self.chunk, self.long_chunk}}
         runs, w = 0, 1
         head = self.head
         while True:
             live = np.zeros((s,), bool)
             live[: w * self.replicas] = True
-            for steps in sorted({self.chunk, self.long_chunk}):
-                for span in spans:
+            for steps in sorted(spans):
+                for span in spans[steps]:
                     self.head = 0
                     self.decode(z(np.int32, 1), z(np.int32), live, z(np.uint32), z(np.float32, 0.0 if greedy else 1.0),
                                 z(np.int32, -1), z(np.float32, 1.0), z(np.int32, 1), np.full((s, 4), -1, np.int32),
