@@ -166,8 +166,6 @@ def sft_refresh(config: Any, workdir: str, *, starter: bool) -> Any:
         # a sample spread over domains and categories (the split's head is a few templates of one domain)
         tasks = stratified(load_tasks(split, seed=int(config.tasks.seed), per_template=int(config.tasks.per_template)), int(d.refresh_tasks))
         write_jsonl(os.path.join(workdir, "refresh-tasks.jsonl"), tasks)
-        # collect_oracle demonstrates in the tools' schema order, as the starter learned it (data/order.py:
-        # tasks read back from a cache or JSONL carry sorted arguments)
         from mpa_jax.data import collect_oracle
         from mpa_jax.tokenizer import model_vocab_size, tokenizer_for_config
 

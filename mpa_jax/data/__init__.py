@@ -12,5 +12,4 @@ from mpa_jax.data.keys import KEY_SEP, all_keys, key_of_task, key_of_trajectory 
 from mpa_jax.data.construct import construct_tasks  # noqa: F401
 from mpa_jax.data.collect import TeacherClient, collect_oracle, collect_policy, collect_teacher, paraphraser  # noqa: F401
 from mpa_jax.data.curate import CurationConfig, CurationResult, curate, failure_clusters, is_recovery  # noqa: F401
-from mpa_jax.data.order import schema_ordered  # noqa: F401
 from mpa_jax.data.feedback import competence_from_trajectories, generation_weights  # noqa: F401

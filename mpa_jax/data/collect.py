@@ -48,18 +48,14 @@ def _encode(tok: Any, task: Any, messages: list[dict[str, Any]], tools: list[dic
 
 def collect_oracle(tasks: Sequence[Any], tok: Any, *, seed: int = 0, variants: int = 1, vocab_limit: int | None = None,
                    progress: bool = False) -> list[Trajectory]:
-    """The oracle's demonstrations of `tasks` (`variants` differently seeded phrasings each), tool-call
-    arguments in schema order (`data.order`)."""
+    """The oracle's demonstrations of `tasks` (`variants` differently seeded phrasings each)."""
     from mpa_jax.envs import make_env, run_oracle_episode
-
-    from mpa_jax.data.order import schema_ordered
 
     env = make_env("sandbox")
     out: list[Trajectory] = []
     bar = _bar(len(tasks) * variants, "oracle", progress)
     try:
         for i, task in enumerate(tasks):
-            task = schema_ordered(task)  # demonstrations independent of the task file's key order
             for v in range(max(1, variants)):
                 s = (seed * 1_000_003 + i * 97 + v) % (2**31)
                 ep = run_oracle_episode(env, task, seed=s)
