@@ -85,6 +85,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.eval_every = 30
     c.sft.eval_batches = 2
     c.sft.eval_fraction = 0.05  # trajectories held out (seeded) for the held-out loss
+    c.sft.max_bad_updates = 3  # steps in a row with a non-finite loss or gradient norm (skipped, weights kept) before SFT stops
     c.sft.only_success = True  # train only on verified-successful episodes (infra failures are always dropped)
     c.sft.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0 = by device kind (unknown on CPU)
     c.sft.export = False  # write <workdir>/hf (Hugging Face) at the end
@@ -182,6 +183,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_norm = 1.0
     c.rl.b1 = 0.9
     c.rl.b2 = 0.999
+    c.rl.max_bad_updates = 3  # updates in a row with a non-finite loss or gradient norm (skipped) before RL stops
+    c.rl.simulated_tasks = 64  # training tasks of the simulated env when config.envs.mixture.simulated > 0
     c.rl.infra_retries = 2  # re-run an infra-failed episode this many times, then drop it (never rewarded)
     c.rl.async_rollouts = False  # True: step k+1 samples while step k trains (one weight version stale)
     c.rl.max_staleness = 1

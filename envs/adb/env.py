@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from mpa_jax.envs.adb.device import AUTHORITY, EPISODE_URI, STATE_URI
 from mpa_jax.envs.catalog import ENTITY_BY_NAME
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Task, ToolSpec, Verification
+from mpa_jax.envs.context import ContextFormat
 from mpa_jax.envs.sandbox import task_tool_specs
 from mpa_jax.envs.verify import verify_episode
 from mpa_jax.envs.world import World
@@ -130,8 +131,10 @@ class AdbEnv:
     kind = "adb"
 
     def __init__(self, device: str = "", serial: str = "", adb_port: int | None = None, command_timeout_s: float = 10.0,
-                 reconnect_attempts: int = 5, backoff_s: float = 0.05, start_server: bool = True) -> None:
+                 reconnect_attempts: int = 5, backoff_s: float = 0.05, start_server: bool = True,
+                 context: ContextFormat | None = None) -> None:
         self.serial = serial or device
+        self.context = context or ContextFormat()
         if not self.serial:
             raise ValueError("AdbEnv needs a device serial (config.envs.adb.device or --device)")
         self.adb_port = int(adb_port or os.environ.get("ANDROID_ADB_SERVER_PORT", 5037))
@@ -218,7 +221,9 @@ class AdbEnv:
         self.ensure_connected()
         self.shell(["input", "keyevent", "KEYCODE_HOME"])
         self.shell(["am", "force-stop", AUTHORITY])
-        res = self._content_call("reset", task.to_json())
+        # the task's JSON keeps its gold argument order; the device renders the observation in this run's format
+        arg = '{"context":' + json.dumps(self.context.to_dict()) + ',"task":' + task.to_json() + "}"
+        res = self._content_call("reset", arg)
         if not isinstance(res, dict) or not isinstance(res.get("observation"), dict):
             raise DeviceFault(ErrorCode.INFRA, "the companion answered reset without an observation")
         return res["observation"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpa_jax.envs.context import ContextFormat, compact_tools
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Task, ToolSpec, Verification, canonical_json
 from mpa_jax.envs.schema import SchemaError
 from mpa_jax.envs.simulated.backends import BACKENDS, Backend
@@ -24,10 +25,13 @@ class SimulatedEnv:
 
     kind = "simulated"
 
-    def __init__(self, backend: Backend | str = "deterministic", max_retries: int = 2, cache: SimCache | None = None) -> None:
-        self.backend: Backend = BACKENDS[backend]() if isinstance(backend, str) else backend
+    def __init__(self, backend: Backend | str = "deterministic", max_retries: int = 2, cache: SimCache | None = None,
+                 context: ContextFormat | None = None) -> None:
         if isinstance(backend, str) and backend not in BACKENDS:
-            raise ValueError(f"unknown simulator backend {backend!r}")
+            raise ValueError(f"config.envs.simulated.backend: unknown simulator backend {backend!r} "
+                             f"(known: {', '.join(sorted(BACKENDS))})")
+        self.backend: Backend = BACKENDS[backend]() if isinstance(backend, str) else backend
+        self.context = context or ContextFormat()
         self.max_retries = int(max_retries)
         self.cache = cache if cache is not None else SimCache()
         self.state = SimState()
@@ -48,8 +52,12 @@ class SimulatedEnv:
         self.state.load(task.metadata.get("sim_state", {}))
         system = ("You are a phone assistant with access to the user's connected apps. Use the tools to act;"
                   " finish with one short message to the user.")
+        specs = self.tool_specs(task)
+        if self.context.format == "compact":  # as the sandbox does: one-line signatures in the system message
+            return {"messages": [{"role": "system", "content": system + "\n" + compact_tools(specs)},
+                                 {"role": "user", "content": task.instruction}], "tools": []}
         return {"messages": [{"role": "system", "content": system}, {"role": "user", "content": task.instruction}],
-                "tools": [s.to_openai() for s in self.tool_specs(task)]}
+                "tools": [s.to_openai() for s in specs]}
 
     def step(self, action: Any) -> Feedback:
         call_id = getattr(action, "call_id", "") or f"call_{len(self.ledger)}"

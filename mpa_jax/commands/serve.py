@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
         print(format_command(cmd))
         return 0
 
-    from mpa_jax.rollout.run import RolloutSetupError, load_rollout_tokenizer, make_engine
+    from mpa_jax.rollout.engines import RolloutSetupError, load_rollout_tokenizer, make_engine
     from mpa_jax.rollout.server import create_app, serve_forever
 
     if str(config.rollout.engine) != "jax":

@@ -84,24 +84,27 @@ def _local_rows(shard: NamedSharding, num_rows: int, seq_len: int) -> list[int]:
     return sorted(rows)
 
 
-def _model_and_params_source(config: Any) -> tuple[models.ModelConfig, str]:
-    """The model config (from config.model, or the HF dir in config.model.init_from) and that dir."""
-    return models.run_model_config(config)
+class SFTDiverged(RuntimeError):
+    """`sft.max_bad_updates` steps in a row had a non-finite loss or gradient norm; the last good checkpoint is kept."""
 
 
-def _window_mean(window: list[Mapping[str, jax.Array]]) -> dict[str, float]:
-    """Metrics over the steps since the last log: token-weighted loss, mean grad norm, last lr."""
+def _window_mean(window: list[Mapping[str, jax.Array]]) -> tuple[dict[str, float], list[bool]]:
+    """Metrics over the steps since the last log (token-weighted loss, mean grad norm, last lr; the finite
+    steps only, and how many were not) and each step's non-finite flag."""
     host = [{k: float(v) for k, v in jax.device_get(dict(m)).items()} for m in window]
-    loss_sum = sum(h["loss_sum"] for h in host)
-    tokens = sum(h["tokens"] for h in host)
+    bad = [h["nonfinite"] > 0 for h in host]
+    good = [h for h, b in zip(host, bad) if not b] or host
+    loss_sum = sum(h["loss_sum"] for h in good)
+    tokens = sum(h["tokens"] for h in good)
     return {
         "loss": loss_sum / max(tokens, 1.0),
         "loss_sum": loss_sum,
         "tokens": tokens,
-        "grad_norm": sum(h["grad_norm"] for h in host) / len(host),
+        "grad_norm": sum(h["grad_norm"] for h in good) / len(good),
         "lr": host[-1]["lr"],
         "steps_in_window": float(len(host)),
-    }
+        "nonfinite_steps": float(sum(bad)),
+    }, bad
 
 
 def run_sft(
@@ -137,7 +140,7 @@ def run_sft(
         raise ValueError(f"sft.batch_size={num_rows} must be a positive multiple of sft.micro_batches={micro}")
     is_main = jax.process_index() == 0
 
-    cfg, init_from = _model_and_params_source(config)
+    cfg, init_from = models.run_model_config(config)
     rules = sharding.rules_from_config(config)
     mesh = sharding.make_learner_mesh(config.mesh)
     row_shard = sharding.batch_sharding(mesh, rules, 2)
@@ -216,6 +219,7 @@ def run_sft(
         losses: list[float] = []
         window_tokens, window_t0 = 0.0, time.perf_counter()
         window: list[Mapping[str, jax.Array]] = []
+        bad_streak, max_bad = 0, int(sft.max_bad_updates)
         bar = _progress(progress and is_main, start, stop_at)
         try:
             for step in range(start, stop_at):
@@ -227,8 +231,15 @@ def run_sft(
                 window_tokens += real
                 done = step + 1
                 if done % log_every == 0 or done == stop_at:
-                    vals = _window_mean(window)
+                    vals, flags = _window_mean(window)
                     window = []
+                    for flag in flags:  # a non-finite step left the weights as they were (train.step)
+                        bad_streak = bad_streak + 1 if flag else 0
+                        if bad_streak >= max_bad:
+                            writer.write(done, vals, prefix="train/")
+                            raise SFTDiverged(f"{bad_streak} SFT steps in a row had a non-finite loss or gradient norm "
+                                              f"(config.sft.max_bad_updates={max_bad}); stopped at step {done}; last good "
+                                              f"checkpoint: step {checkpointer.latest_step()} in {ck_dir}")
                     elapsed = max(time.perf_counter() - window_t0, 1e-9)
                     tps = window_tokens / elapsed
                     # tokens_per_s counts every packed token (the step's work); tokens counts the trained ones
@@ -248,7 +259,7 @@ def run_sft(
                         writer.write(done, {**({"loss": ev} if ev is not None else {}), **extra}, prefix="eval/")
                     window_t0 += time.perf_counter() - eval_t0  # train windows time training, not evaluations
                 final = done == stop_at
-                if checkpointer.due(done, force=final):
+                if checkpointer.due(done, force=final) and not float(jax.device_get(m["nonfinite"])):
                     if checkpointer.save(done, state, _positions_array(data.train.positions(), row_shard, num_rows), force=final):
                         if on_save_started is not None:
                             on_save_started(done)

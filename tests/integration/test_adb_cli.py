@@ -59,7 +59,7 @@ def test_device_call_user_errors(adb, tmp_path, capsys):
 
 
 def test_oracle_on_the_device(adb, tmp_path):
-    from mpa_jax.commands.oracle import make_oracle_trajectories
+    from mpa_jax.data import oracle_dataset
 
     srv, dev = adb
     c = load_config_file(os.path.join(ROOT, "configs/tiny.py"))
@@ -67,7 +67,7 @@ def test_oracle_on_the_device(adb, tmp_path):
     c.tokenizer.corpus_tasks = 20
     c.oracle.variants = 1
     c.envs.kind, c.envs.adb.device, c.envs.adb.adb_port = "adb", dev.serial, srv.port
-    path = make_oracle_trajectories(c, str(tmp_path), "test", max_tasks=4, progress=False)
+    path, _, _ = oracle_dataset(c, str(tmp_path), split="test", max_tasks=4, progress=False)
     trajs = read_jsonl(path, Trajectory)
     assert len(trajs) == 4
     assert all(t.provenance["env"] == "adb" and t.verification.success and not t.infra_failure for t in trajs)

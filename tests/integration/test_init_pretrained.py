@@ -87,13 +87,13 @@ def test_oracle_sft_export_reload_on_a_pretrained_checkpoint(hf_dir, tmp_path):
     import transformers
 
     from mpa_jax import models
-    from mpa_jax.commands.oracle import make_oracle_trajectories
+    from mpa_jax.data import oracle_dataset
     from mpa_jax.envs.contract import Trajectory, read_jsonl
     from mpa_jax.sft import run_sft
 
     c = _config(hf_dir, str(tmp_path))
     work = str(tmp_path / "run")
-    data = make_oracle_trajectories(c, work, progress=False)
+    data, _, _ = oracle_dataset(c, work, progress=False)
     own = load_tokenizer(hf_dir)
     trajs = read_jsonl(data, Trajectory)
     assert trajs and max(max(t.tokens) for t in trajs) < own.vocab_size

@@ -195,10 +195,11 @@ def _state_after(result):
 
 
 def test_infra_failures_are_retried_then_dropped_never_rewarded(tok):
-    """`run_group_rollouts` with the scripted engine: a task whose env fails once is retried and kept;
-    one whose env always fails is dropped and counted."""
+    """`group_rollouts` with the scripted engine: a task whose env fails once is retried and kept;
+    one whose env always fails is dropped and counted (per kind)."""
     from mpa_jax.envs import load_tasks
-    from mpa_jax.rl.trainer import run_group_rollouts
+    from mpa_jax.rl.rollouts import group_rollouts
+    from mpa_jax.rollout.runner import EnvFactory, EpisodeRunner
     from mpa_jax.rollout.testing import ScriptedEngine
 
     tasks = [t for t in load_tasks("train") if t.template == "calc.tip_split"][:2]
@@ -214,8 +215,10 @@ def test_infra_failures_are_retried_then_dropped_never_rewarded(tok):
 
     cfg = _config(tok)
     cfg.rl.group_size, cfg.rl.infra_retries = 3, 1
-    trajs, groups, dropped = run_group_rollouts(ScriptedEngine(tok, ["All done."]), tok, tasks, cfg, step=0, env_factory=Env)
-    assert dropped == 3 and groups == [0, 0, 0] and len(trajs) == 3
+    with EpisodeRunner(EnvFactory(make=lambda _kind: Env())) as runner:
+        r = group_rollouts(runner, ScriptedEngine(tok, ["All done."]), tok, [("sandbox", t) for t in tasks], cfg, step=0)
+    trajs, groups = r.trajs, r.groups
+    assert r.dropped == {"sandbox": 3} and groups == [0, 0, 0] and len(trajs) == 3
     assert not any(t.infra_failure for t in trajs) and resets[broken] == 6
     assert all(t.provenance["sampling"]["for_ratios"] and t.provenance["sampling"]["top_k"] == -1 for t in trajs)
 

@@ -155,11 +155,11 @@ def test_retries_5xx_and_waits_for_flush():
 def test_agent_loop_over_http_equals_in_process(setup):
     """Rollouts through the SGLang client against `mpa serve` are the in-process rollouts, token for token."""
     from mpa_jax.envs import load_tasks, make_env
-    from mpa_jax.rollout.agent_loop import AgentLoopConfig, run_episodes
+    from mpa_jax.rollout.runner import EpisodeConfig, run_episodes
 
     tok = setup["tok"]
     tasks = load_tasks("dev")[:2]
-    cfg = AgentLoopConfig(max_turns=2, max_new_tokens=8, temperature=1.0, seed=4, batch_size=2)
+    cfg = EpisodeConfig(max_turns=2, max_new_tokens=8, temperature=1.0, seed=4, batch_size=2)
     client = SGLangEngine(setup["server"].url)
     client.update_weights(setup["ckpt"], "a")  # whatever an earlier test left loaded
     over_http = run_episodes(client, tok, tasks, lambda: make_env("sandbox"), cfg)
