@@ -91,6 +91,7 @@ def make_oracle_trajectories(
     `config.oracle.variants` episodes per task (differently seeded phrasing and ordering). Prints a summary.
     """
     from mpa_jax.envs import load_tasks, make_env, run_oracle_episode
+    from mpa_jax.envs.base import EnvUnavailable
     from mpa_jax.tokenizer import model_vocab_size, tokenizer_for_config
 
     split = split or str(config.oracle.split)
@@ -120,6 +121,8 @@ def make_oracle_trajectories(
                     seed = _seed_for(int(config.seed), i, v)
                     try:
                         episode = run_oracle_episode(env, task, seed=seed)
+                    except EnvUnavailable as e:  # every remaining episode would fail the same way: stop the run
+                        raise EnvUnavailable(f"{e}; stopped after {i} of {len(tasks)} tasks") from None
                     except Exception as e:  # noqa: BLE001 - a device lost at reset: the episode is infra, the run goes on
                         stats["infra"].update(episodes=1)
                         print(f"{task.id}: infra: {type(e).__name__}: {e}")
@@ -172,9 +175,11 @@ def _print_summary(out: str, stats: dict[str, collections.Counter], seconds: flo
 def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.cli import UserError
 
+    from mpa_jax.envs.base import EnvUnavailable
+
     apply_env_arguments(args, config)
     try:
         make_oracle_trajectories(config, args.workdir, args.split, args.max_tasks, args.out)
-    except ValueError as e:  # ContractError, tokenizer/vocab mismatch, empty split
+    except (ValueError, EnvUnavailable) as e:  # ContractError, tokenizer/vocab mismatch, empty split; a dead device
         raise UserError(str(e)) from None
     return 0
