@@ -92,6 +92,6 @@ def _call(args: argparse.Namespace, config: Any, UserError: type) -> int:
             env.reset(task)
         fb = env.step(Action.tool_call(args.tool, tool_args))
     except DeviceFault as e:
-        raise UserError(f"device {serial}: {e}") from None
+        raise UserError(str(e) if serial in str(e) else f"device {serial}: {e}") from None
     print(json.dumps(fb.to_dict(), ensure_ascii=False, indent=2, sort_keys=True))
     return 0 if fb.ok else 1
