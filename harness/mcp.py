@@ -297,6 +297,7 @@ class MCPServerTools:
         task from start to end, because the SDK's anyio scopes must be left by the task that entered them."""
         from mcp import Client
 
+        client = None
         try:
             async with Client(self._stdio_transport(), mode="legacy", cache=None) as client:
                 res = await client.list_tools()
@@ -307,7 +308,8 @@ class MCPServerTools:
             if not ready.done():
                 ready.set_exception(e if isinstance(e, Exception) else RuntimeError(f"start cancelled: {e!r}"))
         finally:
-            self._session = None
+            if self._session is client:  # never the session of a server started after this one
+                self._session = None
 
     async def _begin(self) -> "asyncio.Future[list[Any]]":
         ready: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
