@@ -259,9 +259,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness.store = ""  # SQLite trace store (WAL); empty = traces are not recorded
     c.harness.root = "runs/harness"  # proposals and harness versions on disk (`mpa harness mine/review`)
     c.harness.version_dir = ""  # an approved harness version to run under (normalisers, skills, descriptions)
-    c.harness.mcp = ""  # MCP servers to start over stdio, ";"-separated commands ("python srv.py; node x.js")
+    # MCP servers to start over stdio: a list of entries, each "CMD ARGS" (split like a shell, never run
+    # through one), optionally led by name=/prefix=/rename=old:new/allow=a,b, or a dict of those keys
+    # (docs/harness.md); e.g. ["python3 -m mcp_server_time", "prefix=calc_ uvx mcp-server-calculator"]
+    c.harness.mcp = []
     c.harness.mcp_allow = "*"  # comma-separated MCP tool names the planner may call ("*" = all)
-    c.harness.mcp_timeout_s = 20.0
+    c.harness.mcp_timeout_s = 20.0  # start (handshake + tool listing) and each call
+    c.harness.mcp_log = ""  # file the servers' stderr is appended to ("" = kept for error messages only)
+    c.harness.max_result_chars = 16000  # a provider's answer beyond this is cut, with a marker and its sha256 (0 = no cap)
     c.harness.memory = False  # memory tools + memory context (harness/memory, issue 15) as a tool provider
     c.harness.memory_store = ""  # one persistent memory store for all episodes; empty = per-episode, from the task's history
     c.harness.memory_tokens = 512  # budget of the memory block in the system prompt

@@ -15,6 +15,15 @@ from mpa_jax.envs.contract import Feedback, Task, ToolSpec, Verification
 POOL_KEYS = ("concurrency", "timeout_s")  # config.envs.<kind> keys the worker pool reads, not the env
 
 
+class EnvUnavailable(RuntimeError):
+    """The env cannot run episodes at all (e.g. a device that stays unreachable after the reconnect attempts).
+
+    Raised by `reset`. Unlike a fault inside one episode (INFRA Feedback, the episode marked infra), it
+    means every later episode would fail the same way: a run stops on it with this one message instead of
+    spending the reconnect time on each remaining task.
+    """
+
+
 @runtime_checkable
 class Env(Protocol):
     """One episode at a time: reset(task) -> observation, step(action) -> Feedback, verify(), close()."""

@@ -446,8 +446,13 @@ class HarnessEnv:
                               action.call_id, "give the sub-agent a smaller, clearer sub-task")
 
 
-def _call_provider(provider: ToolProvider, name: str, args: Any, call_id: str) -> Feedback:
+def _call_provider(provider: ToolProvider, name: str, args: Any, call_id: str, max_chars: int | None = None) -> Feedback:
+    """One provider call as Feedback: a provider bug is INFRA; the answer is cut to `max_chars` characters
+    (default: the provider's `max_result_chars`, else harness.config.DEFAULT_MAX_RESULT_CHARS; 0 = no cap)."""
     import inspect
+
+    from mpa_jax.harness.config import DEFAULT_MAX_RESULT_CHARS
+    from mpa_jax.harness.results import cap_result
 
     try:
         takes_id = "call_id" in inspect.signature(provider.call).parameters
@@ -459,7 +464,10 @@ def _call_provider(provider: ToolProvider, name: str, args: Any, call_id: str) -
         return Feedback.error(ErrorCode.INFRA, f"{provider.source} failed: {type(e).__name__}: {e}", call_id)
     if not fb.call_id:
         fb = dataclasses.replace(fb, call_id=call_id)
-    return fb
+    if max_chars is None:
+        own = getattr(provider, "max_result_chars", None)
+        max_chars = DEFAULT_MAX_RESULT_CHARS if own is None else int(own)
+    return cap_result(fb, max_chars)
 
 
 def version_of(path: str) -> str:

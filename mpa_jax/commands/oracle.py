@@ -46,6 +46,7 @@ def _print_summary(out: str, tasks: list[Any], trajs: list[Any], seconds: float,
 def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.cli import UserError, apply_env_arguments
     from mpa_jax.data import oracle_dataset
+    from mpa_jax.envs.base import EnvUnavailable
 
     apply_env_arguments(args, config)
     t0 = time.perf_counter()
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     try:
         out, tasks, trajs = oracle_dataset(config, args.workdir, split=args.split, max_tasks=args.max_tasks, out=args.out,
                                            on_infra=lambda task, e: infra.append(f"{task.id}: infra: {type(e).__name__}: {e}"))
-    except ValueError as e:  # ContractError, tokenizer/vocab mismatch, empty split
+    except (ValueError, EnvUnavailable) as e:  # ContractError, tokenizer/vocab mismatch, empty split; a dead device
         raise UserError(str(e)) from None
     for line in infra:
         print(line)

@@ -110,8 +110,10 @@ class Collector:
                on_infra: Callable[[Any, Exception], None] | None = None) -> list[Trajectory]:
         """The oracle's demonstrations of `tasks` (`variants` differently seeded phrasings each), in order;
         with `out` also written there (atomically: a partial file is never mistaken for the result). An
-        episode whose env fails (a device lost at reset) is reported to `on_infra` and left out."""
+        episode whose env fails (a device lost at reset) is reported to `on_infra` and left out; an env that
+        is gone for good (`envs.base.EnvUnavailable`: a dead device) stops the run with that error."""
         from mpa_jax.envs import run_oracle_episode, write_jsonl
+        from mpa_jax.envs.base import EnvUnavailable
 
         kind = self.envs.default_kind
         env = self.envs(kind)
@@ -124,7 +126,9 @@ class Collector:
                     s = episode_seed(seed, i, v)
                     try:
                         ep = run_oracle_episode(env, task, seed=s, reasoning=reasoning)
-                    except Exception as e:  # noqa: BLE001 - a lost device is infra: the run goes on
+                    except EnvUnavailable as e:  # every remaining episode would fail the same way: stop the run
+                        raise EnvUnavailable(f"{e}; stopped after {i} of {len(tasks)} tasks") from None
+                    except Exception as e:  # noqa: BLE001 - a device lost at reset is infra: the run goes on
                         if on_infra is not None:
                             on_infra(task, e)
                         continue

@@ -39,19 +39,27 @@ def test_device_call_prints_feedback_json(adb, tmp_path, capsys):
     assert rc == 0
     fb = json.loads(out)
     assert fb["status"] == "ok" and isinstance(fb["result"], dict)
-    # --no-reset continues the same episode: a bad argument is the policy's error, not infra
+    # --no-reset continues the same episode: a bad argument is the policy's error, not infra; error
+    # Feedback exits 1, as `mpa harness call` does
     rc = _mpa("device", "call", "--device", dev.serial, "--adb-port", str(srv.port), "--tool", "search_contacts",
               "--args", json.dumps({"query": 3}), "--no-reset", workdir=tmp_path)
-    assert rc == 0 and json.loads(capsys.readouterr().out)["error_code"] == "INVALID_ARGUMENTS"
+    assert rc == 1 and json.loads(capsys.readouterr().out)["error_code"] == "INVALID_ARGUMENTS"
 
 
 def test_device_call_user_errors(adb, tmp_path, capsys):
     srv, dev = adb
     assert _mpa("device", "call", "--device", dev.serial, "--tool", "x", "--args", "{bad", workdir=tmp_path) == 2
     assert "--args is not valid JSON" in capsys.readouterr().err
+    # an unknown tool is the device's answer (UNKNOWN_TOOL Feedback, exit 1), as in `mpa harness call`
     assert _mpa("device", "call", "--device", dev.serial, "--adb-port", str(srv.port), "--tool", "no_such_tool",
-                workdir=tmp_path) == 2
-    assert "no test task allows tool 'no_such_tool'" in capsys.readouterr().err
+                workdir=tmp_path) == 1
+    assert json.loads(capsys.readouterr().out)["error_code"] == "UNKNOWN_TOOL"
+    assert _mpa("device", "call", "--device", dev.serial, "--adb-port", str(srv.port), "--tool", "get_contact",
+                "--task", "no-such-task", workdir=tmp_path) == 2
+    assert "no task 'no-such-task' in split test" in capsys.readouterr().err
+    assert _mpa("device", "call", "--device", dev.serial, "--adb-port", str(srv.port), "--tool", "get_contact",
+                "--task", "x", "--no-reset", workdir=tmp_path) == 2
+    assert "pass one of them" in capsys.readouterr().err
     assert _mpa("oracle", "--env", "adb", workdir=tmp_path) == 2
     assert "--env adb needs --device" in capsys.readouterr().err
     assert _mpa("rollout", "--config.envs.kind=simulated", workdir=tmp_path) == 2
