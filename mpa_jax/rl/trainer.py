@@ -111,14 +111,17 @@ def run_rl(
     init: str | None = None,
     max_steps: int | None = None,
     tokenizer: Any = None,
+    runner: Any = None,
     on_step: Callable[[int, dict[str, float], Any, Any], None] | None = None,
     progress: bool = True,
 ) -> RLResult:
     """Run `config.rl.steps` RL steps into `workdir` (resuming from `<workdir>/checkpoints` when present).
 
     `init`: an HF directory or an orbax run/checkpoint dir to start from (else `config.model.init_from`,
-    else random weights). `max_steps` stops early (the run can be resumed). `on_step(step, metrics,
-    state, engine)` is called after each step's sync (tests check learner == sampler weights there).
+    else random weights). `max_steps` stops early (the run can be resumed). `runner`: the
+    `EpisodeRunner` to roll out through (default: the config's, `EpisodeRunner.from_config`; one given is
+    not closed here). `on_step(step, metrics, state, engine)` is called after each step's sync (tests check
+    learner == sampler weights there).
     """
     import jax
 
@@ -152,7 +155,8 @@ def run_rl(
     async_mode = bool(rl.async_rollouts)
     resumed_from = None
     history: list[dict[str, float]] = []
-    writer = pool = runner = None
+    writer = pool = None
+    own_runner = runner is None
     try:
         latest = checkpointer.latest_step()
         prefetched = None
@@ -172,7 +176,7 @@ def run_rl(
 
         engine = make_engine(config, params=learner.params, model_cfg=cfg, version=str(version), tokenizer=tokenizer,
                              tokenizer_dir=hf_dir, export_root=os.path.join(workdir, "sync"))
-        runner = EpisodeRunner.from_config(config)
+        runner = runner or EpisodeRunner.from_config(config)
         writer = mlib.MetricsWriter(workdir)
         pool = ThreadPoolExecutor(1, thread_name_prefix="rl-rollouts") if async_mode else None
         n = int(rl.tasks_per_step)
@@ -227,7 +231,7 @@ def run_rl(
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
-        if runner is not None:
+        if own_runner and runner is not None:
             runner.close()
         if writer is not None:
             writer.close()
@@ -290,8 +294,10 @@ def _one_step(config: Any, step: int, learner: Any, engine: Any, rollouts: Rollo
         before_sync()  # async: the prefetch must not see a weight swap mid-generation
     t2 = time.perf_counter()
     if len(updates) > bad:
+        from mpa_jax.rollout.engines import owned_copy
+
         version += 1
-        engine.update_weights(learner.params, str(version))
+        engine.update_weights(owned_copy(learner.params), str(version))
     t_sync = time.perf_counter() - t2
 
     good = [u for u in updates if not u.get("nonfinite", 0.0)]

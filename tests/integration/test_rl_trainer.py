@@ -56,8 +56,11 @@ class _PatternEnv:
         self.inner.close()
 
 
-def _pattern_env():
-    return _PatternEnv()
+def _pattern_runner():
+    """An EpisodeRunner over `_PatternEnv`s (run_rl's `runner=`)."""
+    from mpa_jax.rollout.runner import EnvFactory, EpisodeRunner
+
+    return EpisodeRunner(EnvFactory(make=lambda _kind: _PatternEnv()))
 
 
 def _reset_pattern():
@@ -108,7 +111,7 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
 
     cfg = _config(tok)
     _reset_pattern()
-    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, env_factory=_pattern_env, on_step=check, progress=False)
+    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, runner=_pattern_runner(), on_step=check, progress=False)
     assert [d for d, _ in seen] == [1, 2]
     versions = [int(m["rl/weight_version"]) for _, m in seen]
     updated = [m["rl/updates"] > 0 for _, m in seen]
@@ -126,7 +129,7 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
     # B: a run whose directory holds A's step-1 checkpoint (A "killed" after step 1) resumes and ends where A did.
     _copy_checkpoint(tmp_path / "a", tmp_path / "b", 1)
     _reset_pattern()
-    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_pattern_env, progress=False)
+    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), progress=False)
     assert b.resumed_from == 1 and b.weight_version == a.weight_version
     assert all(np.array_equal(x, y) for x, y in zip(final_a, _params(_state_after(b))))
     rb = [r for r in read_metrics(b.metrics_path) if r["step"] == 2][-1]
@@ -134,7 +137,7 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
         if not k.startswith("time/"):
             assert rb[k] == v or (v != v and rb[k] != rb[k]), k
     extra = json.load(open(tmp_path / "b" / "checkpoints" / "2" / "extra" / "metadata"))
-    assert extra["cursor"] == 8 and extra["weight_version"] == a.weight_version and extra["rl_step"] == 2
+    assert extra["cursor"] == {"sandbox": 8} and extra["weight_version"] == a.weight_version and extra["rl_step"] == 2
     assert extra["competence"]["counts"]["calc.tip_split"] == sum(m["rl/rollouts"] for _, m in seen)
     assert all(m["rl/staleness"] == 0 for _, m in seen)
 
@@ -155,7 +158,7 @@ def test_async_rollouts_are_one_version_stale_and_resume_exactly(tmp_path, tok):
         seen.append(dict(metrics))
 
     _reset_pattern()
-    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, env_factory=_pattern_env, on_step=check, progress=False)
+    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, runner=_pattern_runner(), on_step=check, progress=False)
     assert [m["rl/staleness"] for m in seen] == [0, 1] and all(m["rl/stale_dropped"] == 0 for m in seen)
     extra = json.load(open(tmp_path / "a" / "checkpoints" / "1" / "extra" / "metadata"))
     pre = extra["prefetched"]
@@ -163,7 +166,7 @@ def test_async_rollouts_are_one_version_stale_and_resume_exactly(tmp_path, tok):
     _copy_checkpoint(tmp_path / "a", tmp_path / "b", 1)
     _reset_pattern()  # the resumed step's episodes get the pattern A's step 2 got (16 per step)
     _PatternEnv.created = 16
-    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_pattern_env, progress=False)
+    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), progress=False)
     assert b.resumed_from == 1
     assert all(np.array_equal(x, y) for x, y in zip(_params(_state_after(a)), _params(_state_after(b))))
 
@@ -275,7 +278,7 @@ def test_sglang_weight_sync_over_http(tmp_path, tok):
             seen.append(dict(metrics))
 
         _reset_pattern()
-        res = run_rl(cfg, str(tmp_path / "run"), tokenizer=tok, env_factory=_pattern_env, on_step=check, progress=False)
+        res = run_rl(cfg, str(tmp_path / "run"), tokenizer=tok, runner=_pattern_runner(), on_step=check, progress=False)
     updated = [m["rl/updates"] > 0 for m in seen]
     assert len(seen) == 2 and any(updated)
     # version 0 at start, then one load per step that updated: the version counts the syncs
