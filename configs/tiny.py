@@ -5,6 +5,8 @@ Every other config starts from this one and changes what differs.
 """
 import ml_collections
 
+from mpa_jax.logical_axes import DEFAULT_RULES
+
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -38,17 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
     c.mesh.expert = 1
-    c.sharding_rules = (
-        ("batch", ("data", "fsdp")),
-        ("length", None),
-        ("embed", "fsdp"),
-        ("mlp", "tensor"),
-        ("heads", "tensor"),
-        ("kv_heads", "tensor"),
-        ("head_dim", None),
-        ("vocab", "tensor"),
-        ("experts", "expert"),
-    )
+    c.sharding_rules = DEFAULT_RULES  # logical axis -> mesh axes (mpa_jax/logical_axes.py)
 
     # Tokenizer: an HF directory, or empty to build the project's own BPE into <workdir>/tokenizer.
     c.tokenizer = ml_collections.ConfigDict()

@@ -134,7 +134,7 @@ def run_sft(
         raise ValueError("no SFT data: pass a trajectory file (config.sft.data)")
     total_steps = int(sft.steps)
     stop_at = total_steps if max_steps is None else min(int(max_steps), total_steps)
-    export = bool(sft.get("export", False)) if export is None else export
+    export = bool(sft.export) if export is None else export
     num_rows, seq_len, micro = int(sft.batch_size), int(sft.seq_len), int(sft.micro_batches)
     if micro <= 0 or num_rows % micro:
         raise ValueError(f"sft.batch_size={num_rows} must be a positive multiple of sft.micro_batches={micro}")
@@ -157,8 +157,8 @@ def run_sft(
         num_rows=num_rows,
         local_rows=_local_rows(row_shard, num_rows, seq_len),
         seed=int(config.seed),
-        eval_fraction=float(sft.get("eval_fraction", 0.0)),
-        only_success=bool(sft.get("only_success", False)),
+        eval_fraction=float(sft.eval_fraction),
+        only_success=bool(sft.only_success),
     )
     optimizer, _ = optlib.optimizer_from_config(sft)
     p_shardings = sharding.param_shardings(cfg, mesh, rules)
@@ -169,7 +169,7 @@ def run_sft(
     meta = {
         "model": cfg.to_hf(),
         "data": {"fingerprint": data.fingerprint, "seed": int(config.seed), "seq_len": seq_len, "rows": num_rows,
-                 "eval_fraction": float(sft.get("eval_fraction", 0.0)), "only_success": bool(sft.get("only_success", False))},
+                 "eval_fraction": float(sft.eval_fraction), "only_success": bool(sft.only_success)},
     }
     ck_dir = os.path.join(workdir, "checkpoints")
     checkpointer = ckpt.Checkpointer(
@@ -191,7 +191,7 @@ def run_sft(
         else:
             state = statelib.create_sharded_state(lambda r: family.init_params(cfg, r), optimizer, int(config.seed), st_shardings)
 
-        step_fn, eval_fn = _compiled_fns(cfg, int(config.model.get("logprob_chunk", 1024)), _opt_key(sft), micro, mesh, rules)
+        step_fn, eval_fn = _compiled_fns(cfg, int(config.model.logprob_chunk), _opt_key(sft), micro, mesh, rules)
         eval_batches = [_global_batch(b, row_shard, num_rows, seq_len) for b in data.eval_batches(int(sft.eval_batches))] if data.has_eval else []
 
         def evaluate(params: Any) -> float | None:
@@ -206,7 +206,7 @@ def run_sft(
         writer = mlib.MetricsWriter(workdir)
         n_params = statelib.param_count(params_shape)
         flops_tok = mlib.train_flops_per_token(n_params, cfg.num_hidden_layers, seq_len, cfg.num_attention_heads * cfg.head_dim)
-        peak = mlib.peak_flops_per_device(override=float(sft.get("peak_flops", 0.0)))
+        peak = mlib.peak_flops_per_device(override=float(sft.peak_flops))
         baseline = unigram_loss(data, cfg.vocab_size)
         if is_main and resumed_from is None:
             writer.write(0, {"unigram_loss": baseline, "params": float(n_params), "train_examples": float(data.stats.train_lines),
@@ -279,7 +279,7 @@ def run_sft(
     if export:
         from mpa_jax.export import export_checkpoint
 
-        export_dir = export_checkpoint(ck_dir, os.path.join(workdir, "hf"), dtype=str(sft.get("export_dtype", "bfloat16")),
+        export_dir = export_checkpoint(ck_dir, os.path.join(workdir, "hf"), dtype=str(sft.export_dtype),
                                        tokenizer_dir=_tokenizer_dir(config, workdir))
     return SFTResult(
         steps=stop_at,
@@ -298,7 +298,7 @@ def run_sft(
 
 def _opt_key(sft: Any) -> tuple:
     """The optimizer settings as a hashable key (what `optimizer_from_config` reads)."""
-    return tuple((k, sft.get(k, None)) for k in ("lr", "warmup_steps", "steps", "weight_decay", "clip_norm", "b1", "b2", "lr_end_ratio"))
+    return tuple((k, sft[k]) for k in ("lr", "warmup_steps", "steps", "weight_decay", "clip_norm", "b1", "b2", "lr_end_ratio"))
 
 
 @functools.lru_cache(maxsize=4)
