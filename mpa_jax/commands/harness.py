@@ -63,6 +63,9 @@ def run(args: argparse.Namespace, config: Any) -> int:
     except HarnessConfigError as e:
         raise UserError(str(e)) from None
     root = args.root or cfg.root
+    from mpa_jax.envs.context import ContextFormat
+
+    args.context = ContextFormat.from_config(config)  # the envs `eval` builds show the config's format
     return {"tools": _tools, "call": _call, "mine": _mine, "review": _review, "eval": _eval}[args.action](args, cfg, root)
 
 
@@ -249,14 +252,15 @@ def _eval(args: argparse.Namespace, cfg: Any, root: str) -> int:
     }
     results = {}
     for label, hcfg in settings.items():
-        session = HarnessSession(hcfg) if hcfg is not None else None
+        new_env = lambda: make_env("sandbox", context=args.context)  # noqa: E731
+        session = HarnessSession(hcfg, env_factory=new_env) if hcfg is not None else None
         t0 = time.perf_counter()
         succ = infra = 0
         for task in tasks:
-            env = session.env_factory() if session is not None else make_env("sandbox")
+            env = session.env_factory() if session is not None else new_env()
             version = session.version_label if session is not None else "none"
             if args.planner == "oracle":
-                traj = oracle_trajectory(env, task, harness_version=version)
+                traj = oracle_trajectory(env, task, harness_version=version, reasoning=args.context.reasoning)
             else:
                 from mpa_jax.harness.planners import OpenAIChatPlanner
 

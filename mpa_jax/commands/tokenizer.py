@@ -26,6 +26,7 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
 
     from mpa_jax.cli import UserError
     from mpa_jax.tokenizer.build import _MIN_VOCAB
+    from mpa_jax.envs.context import ContextFormat
     from mpa_jax.tokenizer.corpus import build_project_tokenizer
 
     console = Console(stderr=True)
@@ -40,8 +41,8 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
     t0 = time.perf_counter()
     with console.status(f"building the tokenizer ({vocab_size} ids) from split {split!r} and synthetic text"):
         try:
-            tok, meta = build_project_tokenizer(vocab_size, out, split=split, seed=int(config.seed),
-                                                max_tasks=max_tasks, require_tasks=bool(args.from_tasks))
+            tok, meta = build_project_tokenizer(vocab_size, out, split=split, seed=int(config.seed), max_tasks=max_tasks,
+                                                require_tasks=bool(args.from_tasks), context=ContextFormat.from_config(config))
         except (ValueError, FileNotFoundError) as e:  # a bad split name or path, as envs reports it
             raise UserError(f"--from-tasks {split!r}: {e}") from None
     console.print(

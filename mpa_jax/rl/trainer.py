@@ -216,9 +216,9 @@ def run_rl(
             if on_step is not None:
                 on_step(done, metrics, learner.state, engine)
             if bad_streak >= int(rl.max_bad_updates):
-                raise RLDiverged(f"{bad_streak} RL updates in a row had a non-finite loss or gradient norm (config.rl.max_bad_updates="
+                raise RLDiverged(f"{bad_streak} RL updates in a row had a non-finite loss, gradient norm or update (config.rl.max_bad_updates="
                                  f"{rl.max_bad_updates}); stopped at step {done}, weights unchanged since the last finite update; "
-                                 f"last good checkpoint: step {checkpointer.latest_step()} in {ck_dir}")
+                                 f"last good checkpoint: {_last_good(checkpointer, ck_dir)}")
             final = done == stop_at
             if not bad and checkpointer.due(done, force=final):
                 # async: the next step's rollouts (sampled with the weights before this step's update) are part
@@ -249,6 +249,11 @@ def _save_rollouts(workdir: str, step: int, rollouts: Rollouts) -> None:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     write_jsonl(out + ".tmp", rollouts.trajs)
     os.replace(out + ".tmp", out)
+
+
+def _last_good(checkpointer: Any, ck_dir: str) -> str:
+    step = checkpointer.latest_step()
+    return "none written yet" if step is None else f"step {step} in {ck_dir}"
 
 
 def _wait(future):

@@ -84,6 +84,11 @@ def _local_rows(shard: NamedSharding, num_rows: int, seq_len: int) -> list[int]:
     return sorted(rows)
 
 
+def _last_good(checkpointer: Any, ck_dir: str) -> str:
+    step = checkpointer.latest_step()
+    return "none written yet" if step is None else f"step {step} in {ck_dir}"
+
+
 class SFTDiverged(RuntimeError):
     """`sft.max_bad_updates` steps in a row had a non-finite loss or gradient norm; the last good checkpoint is kept."""
 
@@ -237,9 +242,9 @@ def run_sft(
                         bad_streak = bad_streak + 1 if flag else 0
                         if bad_streak >= max_bad:
                             writer.write(done, vals, prefix="train/")
-                            raise SFTDiverged(f"{bad_streak} SFT steps in a row had a non-finite loss or gradient norm "
+                            raise SFTDiverged(f"{bad_streak} SFT steps in a row had a non-finite loss, gradient norm or update "
                                               f"(config.sft.max_bad_updates={max_bad}); stopped at step {done}; last good "
-                                              f"checkpoint: step {checkpointer.latest_step()} in {ck_dir}")
+                                              f"checkpoint: {_last_good(checkpointer, ck_dir)}")
                     elapsed = max(time.perf_counter() - window_t0, 1e-9)
                     tps = window_tokens / elapsed
                     # tokens_per_s counts every packed token (the step's work); tokens counts the trained ones

@@ -15,7 +15,7 @@ The pieces are public so that other update layouts (the RL update's token-budget
 sums), `accumulate` (add one micro-batch into an accumulator), `apply_gradients` (divide by the token
 count, clip/optimise, metrics).
 
-A non-finite update is skipped: when the loss or the gradient norm is NaN or inf, `apply_gradients` keeps
+A non-finite update is skipped: when the loss, the gradient norm or the update is NaN or inf, `apply_gradients` keeps
 the parameters and optimizer state as they were (the step counter does not advance) and reports
 `nonfinite` = 1, so the trainer can log it, never checkpoint the poisoned step, and stop after a run of them.
 """
@@ -87,8 +87,9 @@ def apply_gradients(state: TrainState, grads_sum: Any, loss_sum: jax.Array, coun
     grads = jax.tree.map(lambda g: g / denom, grads_sum)
     grad_norm = optax.global_norm(grads)
     loss = loss_sum / denom
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    # the update's own norm too: a corrupted optimizer state turns finite gradients into non-finite steps
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
     params = optax.apply_updates(state.params, updates)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
     rng, _ = jax.random.split(state.rng)

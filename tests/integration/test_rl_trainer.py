@@ -13,6 +13,7 @@ mechanics under test need. Infra retries and drops are tested with the scripted 
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -180,9 +181,10 @@ def _copy_checkpoint(src, dst, step):
 
 def _state_after(result):
     """The TrainState of a finished run's last checkpoint (restored through orbax)."""
-    from mpa_jax.train import checkpoint as ckpt
 
     import orbax.checkpoint as ocp
+
+    from mpa_jax.train import checkpoint as ckpt
 
     mgr = ocp.CheckpointManager(result.checkpoint_dir, item_names=("state",))
     try:
@@ -284,3 +286,41 @@ def test_sglang_weight_sync_over_http(tmp_path, tok):
     # version 0 at start, then one load per step that updated: the version counts the syncs
     assert [v for _, v in served.loads] == [str(i) for i in range(sum(updated) + 1)] and res.weight_version == sum(updated)
     assert all(m["rl/rollouts"] == 16 for m in seen)
+
+
+def test_non_finite_rollouts_are_refused_and_a_diverged_learner_stops_the_run(tmp_path, tok, monkeypatch):
+    """The learner refuses a non-finite field with one error naming the episode; `rl.max_bad_updates`
+    non-finite updates in a row stop the run with one clear error, the last good checkpoint kept. The divergence
+    is injected into the learner's update (its real metrics, `nonfinite` set): producing one for real would
+    also break the sampler, whose NaN log-probs the runner already turns into infra episodes."""
+    from mpa_jax.envs.contract import Trajectory
+    from mpa_jax.rl import batch as rlbatch
+    from mpa_jax.rl.learner import Learner
+    from mpa_jax.rl.trainer import RLDiverged
+
+    traj = Trajectory(task_id="train/t/1", tokens=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, float("nan")],
+                      steps=[], provenance={"seed": 7, "weight_version": "3"})
+    with pytest.raises(rlbatch.BatchError, match=r"task train/t/1 \(seed 7, weights 3\).*token 2 is nan"):
+        rlbatch.sequence_from_trajectory(traj, 1.0, 16)
+    traj.logprobs[2] = -0.1
+    with pytest.raises(rlbatch.BatchError, match="advantage is inf"):
+        rlbatch.sequence_from_trajectory(traj, float("inf"), 16)
+
+    real = Learner.update
+
+    def diverged_after_step_1(self, seqs, step):
+        metrics, layout = real(self, seqs, step)
+        if step >= 1:  # steps 2, 3, ...: every update non-finite (the weights are left as they were)
+            metrics = [dict(m, nonfinite=1.0) for m in metrics]
+        return metrics, layout
+
+    monkeypatch.setattr(Learner, "update", diverged_after_step_1)
+    cfg = _config(tok, steps=6)
+    cfg.rl.max_bad_updates = 3
+    _reset_pattern()
+    with pytest.raises(RLDiverged, match=r"[34] RL updates in a row .*max_bad_updates=3.*stopped at step 3.*last good checkpoint: step 1"):
+        run_rl(cfg, str(tmp_path / "run"), tokenizer=tok, runner=_pattern_runner(), progress=False)
+    assert sorted(int(d) for d in os.listdir(tmp_path / "run" / "checkpoints") if d.isdigit()) == [1]
+    recs = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
+    bad = [r for r in recs if r.get("rl/nonfinite_updates")]
+    assert bad and all(r["rl/weight_version"] == recs[0]["rl/weight_version"] for r in bad)  # no sync of skipped updates

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from mpa_jax import tokenizer as tk
@@ -247,3 +249,41 @@ def test_episodes_never_exceed_max_total_tokens(tok, tasks):
         (traj,) = run_episodes(ScriptedEngine(tok, ["word " * 50]), tok, [task], lambda: make_env("sandbox"), cfg)
         assert len(traj.tokens) <= prompt_len + extra and traj.finish_reason == "max_tokens", (extra, len(traj.tokens))
         assert traj.tokens[-1] == tok.token_id("<|im_end|>") or len(traj.tokens) == prompt_len
+
+
+class _NonFiniteEngine(ScriptedEngine):
+    """A fault-injecting engine (a bf16 overflow, a diverged policy, a broken backend): the episodes whose
+    prompt holds `bad` get a NaN or -inf behaviour log-prob; the others are sampled as usual."""
+
+    def __init__(self, tok, script, bad: dict[str, float]):
+        super().__init__(tok, script)
+        self.bad = bad
+
+    def generate(self, prompts, params, seeds=None):
+        out = super().generate(prompts, params, seeds)
+        for p, r in zip(prompts, out):
+            text = self.tokenizer.decode(p)
+            for needle, value in self.bad.items():
+                if needle in text:
+                    r.logprobs[len(r.logprobs) // 2] = value
+        return out
+
+
+def test_non_finite_logprobs_end_that_episode_as_infra_and_the_run_is_written(tok, tasks, tmp_path):
+    """Before: one NaN log-prob crashed the whole round when the trajectories were written
+    (`canonical_json`: 'Out of range float values are not JSON compliant')."""
+    from mpa_jax.config import load_config_file
+    from mpa_jax.envs import Trajectory, read_jsonl
+    from mpa_jax.eval import Evaluator
+
+    bad = {tasks[0].instruction: float("nan"), tasks[1].instruction: float("-inf")}
+    engine = _NonFiniteEngine(tok, gold_script(tok, tasks), bad)
+    config = load_config_file("configs/tiny.py")
+    out = tmp_path / "run.jsonl"
+    trajs = Evaluator(config, tasks, tokenizer=tok, progress=False).run(engine, str(out), greedy=True)
+    assert [t.task_id for t in read_jsonl(str(out), Trajectory)] == [t.id for t in tasks]  # every episode kept, file valid
+    for t in trajs[:2]:
+        assert t.infra_failure and t.verification.infra_error and not t.verification.success
+        assert "non-finite log-prob" in t.provenance["infra_reason"]
+        assert all(np.isfinite(t.logprobs))  # nothing non-finite reached the token stream
+    assert all(t.verification.success and not t.infra_failure for t in trajs[2:])
