@@ -1,7 +1,7 @@
 """`mpa serve --config ... --checkpoint DIR [--host H] [--port N]`: the embedded engine behind HTTP.
 
 Serves the SGLang-native subset (`/generate`, `/update_weights_from_disk`, `/flush_cache`, `/health`,
-`/health_generate`, `/model_info`) and OpenAI `POST /v1/chat/completions` (tools, streaming, n,
+`/health_generate`, `/model_info`, `/server_info`, `/get_load`: what sglang-router asks a worker) and OpenAI `POST /v1/chat/completions` (tools, streaming, n,
 logprobs, stop, seed) and `/v1/completions`; see `mpa_jax.rollout.server.app`. The engine never samples
 an id the tokenizer cannot decode. Binds 127.0.0.1 unless told otherwise. `--print-sglang` prints the
 equivalent `python -m sglang.launch_server` command for the checkpoint instead of serving.
@@ -58,10 +58,15 @@ def run(args: argparse.Namespace, config: Any) -> int:
         engine = make_engine(config, args.checkpoint, tokenizer=tokenizer)
     except RolloutSetupError as e:
         raise UserError(str(e)) from None
+    from mpa_jax import tokenizer as tk
+
+    # Where the tokenizer came from, for `/server_info` (sglang-router registers it with the worker).
+    tok_dir = args.checkpoint if args.checkpoint and tk.is_tokenizer_dir(args.checkpoint) else None
     app = create_app(
         engine,
         tokenizer,
         model_path=os.path.abspath(args.checkpoint) if args.checkpoint else "",
+        tokenizer_path=os.path.abspath(tok_dir) if tok_dir else str(config.tokenizer.get("path", "") or ""),
         served_model_name=str(config.get("name", "mpa")),
         max_batch=int(config.serve.max_batch),
         default_max_new_tokens=int(config.serve.max_new_tokens),

@@ -196,13 +196,12 @@ def _make_engine(config: Any, cfg: models.ModelConfig, params: Any, version: int
         return JaxEngine(cfg, copy_params(params), max_batch=int(config.rollout.batch_size), weight_version=str(version),
                          replicas=engine_replicas(config), vocab_limit=vocab_limit)
     if kind == "sglang":
-        from mpa_jax.rollout.sglang import SGLangEngine, hf_exporter
+        from mpa_jax.rollout.sglang import engine_from_config, hf_exporter
 
         # Exported in the learner's parameter dtype (the exporter's default is bfloat16): the server loads
         # exactly the learner's weights (it may still cast them to its own --dtype).
-        engine = SGLangEngine(str(config.rollout.sglang_url), request_batch=int(config.rollout.batch_size),
-                              exporter=hf_exporter(cfg, tokenizer_dir, dtype=str(cfg.param_dtype)),
-                              export_root=os.path.join(workdir, "sync"))
+        engine = engine_from_config(config, exporter=hf_exporter(cfg, tokenizer_dir, dtype=str(cfg.param_dtype)),
+                                    export_root=os.path.join(workdir, "sync"), vocab_limit=vocab_limit)
         engine.update_weights(jax.device_get(params), str(version))
         return engine
     raise RLSetupError(f"config.rollout.engine must be 'jax' or 'sglang', got {kind!r}")

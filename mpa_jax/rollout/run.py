@@ -59,9 +59,9 @@ def make_engine(
             f"checkpoint {checkpoint} is not an exported Hugging Face directory (no config.json); run `mpa export` on it first"
         )
     if kind == "sglang":
-        from mpa_jax.rollout.sglang import SGLangEngine
+        from mpa_jax.rollout.sglang import engine_from_config
 
-        engine = SGLangEngine(str(config.rollout.sglang_url), request_batch=int(config.rollout.batch_size), vocab_limit=vocab_limit)
+        engine = engine_from_config(config, vocab_limit=vocab_limit)
         if checkpoint is not None:
             engine.update_weights(os.path.abspath(checkpoint), os.path.basename(os.path.normpath(checkpoint)))
         return engine
