@@ -252,7 +252,7 @@ class SGLangEngine:
         self.max_staleness = max_staleness
         self.discover_timeout_s = discover_timeout_s
         self.device_s = 0.0  # wall time spent waiting on the servers, for rollout cost accounting
-        self.failed_rows = 0  # prompts that came back as aborts (request failed, malformed, wrong version)
+        self.failed_rows = 0  # prompts that failed (request, answer or weight version): aborts, or a raised call
         self.events: list[str] = []  # fleet changes (workers taken out / brought back), oldest first
         self._lock = threading.Lock()  # fleet state is shared by the RL trainer's rollout and sync threads
         # Mode: "router" (requests to base_url, workers from its /workers), "fleet" (this client balances
@@ -309,7 +309,7 @@ class SGLangEngine:
                 last = f"HTTP {resp.status_code}: {_error_text(resp)}"
             if attempt < retries:
                 await asyncio.sleep(self.backoff_s * (2**attempt))
-        raise EngineError(f"SGLang {method} {path} failed after {retries + 1} attempts: {last}")
+        raise EngineError(f"SGLang {method} {path} failed after {_attempts(retries + 1)}: {last}")
 
     def _client(self) -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
@@ -391,9 +391,9 @@ class SGLangEngine:
                 await self._audit_versions(client, expected)
         self.device_s += time.perf_counter() - t0
         errors = [o for o in outs if isinstance(o, EngineError)]
+        self.failed_rows += len(errors)
         if errors and len(errors) == len(outs):
             raise EngineError(str(errors[0]) if len(errors) == 1 else f"all {len(errors)} requests failed; first: {errors[0]}")
-        self.failed_rows += len(errors)
         # A failed prompt is an abort result: its episode becomes infra, the batch's others go on.
         return [o if isinstance(o, GenerateResult) else
                 GenerateResult([], [], "abort", weight_version=expected, error=str(o), prompt_tokens=len(p))
@@ -432,7 +432,7 @@ class SGLangEngine:
                     w.in_flight -= 1
             if attempt < self.max_retries:
                 await asyncio.sleep(self.backoff_s * (2**attempt))
-        raise EngineError(f"SGLang POST /generate failed after {self.max_retries + 1} attempts: {last}")
+        raise EngineError(f"SGLang POST /generate failed after {_attempts(self.max_retries + 1)}: {last}")
 
     def _pick(self) -> Worker | None:
         """The live worker with the fewest requests in flight (round robin among equals), reserved."""
@@ -784,6 +784,10 @@ def _json(resp: httpx.Response) -> Any:
         return resp.json()
     except ValueError:
         return None
+
+
+def _attempts(n: int) -> str:
+    return f"{n} attempt" if n == 1 else f"{n} attempts"
 
 
 def _path(url: str) -> str:
