@@ -263,7 +263,8 @@ def main() -> int:
             # both through GET /workers, syncs both, and the router spreads the requests.
             rport, rlog = _free_port(), os.path.join(work, "router.log")
             rproc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", sgl_url, mpa.url,
-                                      "--host", "127.0.0.1", "--port", str(rport), "--policy", "round_robin", "--log-level", "warn"],
+                                      "--host", "127.0.0.1", "--port", str(rport), "--policy", "round_robin", "--log-level", "warn",
+                                      "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port())],
                                      stdout=open(rlog, "w"), stderr=subprocess.STDOUT)
             procs.append(rproc)
             router = f"http://127.0.0.1:{rport}"

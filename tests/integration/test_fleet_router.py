@@ -105,7 +105,9 @@ def fleet(tmp_path):
         port, log = _free_port(), str(tmp_path / "router.log")
         cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *urls, "--host", "127.0.0.1",
                "--port", str(port), "--policy", "round_robin", "--disable-retries", "--cb-failure-threshold", "2",
-               "--cb-timeout-duration-secs", "3600", "--health-check-interval-secs", "3600", "--log-level", "warn"]
+               "--cb-timeout-duration-secs", "3600", "--health-check-interval-secs", "3600", "--log-level", "warn",
+               # its metrics listener defaults to port 29000: another router on the machine would collide
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port())]
         procs.append((subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT), log))
         router = f"http://127.0.0.1:{port}"
         _wait("sglang-router listing both workers", lambda: sorted(_router_workers(router)) == sorted(urls), procs)
