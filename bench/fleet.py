@@ -9,8 +9,8 @@ device, one engine replica, `serve.max_batch` = all requests). The client is `SG
 trainer uses it: one request per prompt, all in flight at once, sampling with `for_ratios` settings and
 no stop tokens (every request generates exactly `--new` tokens). Throughput: completion tokens per
 second of wall time over a batch of `--requests` prompts (median of `--repeats`, after a warm-up batch
-that compiles every shape), for one worker direct, one worker behind the router, and two workers
-behind the router. Router cost: `--latency-requests` sequential one-token requests, direct vs through
+that compiles every shape), for one worker direct, one worker behind the router, two workers
+behind the router, and two workers balanced by the client itself (`rollout.sglang_workers`, no router). Router cost: `--latency-requests` sequential one-token requests, direct vs through
 the router (median and p90 of each, and the difference). The router and this client share the machine's
 cores with the workers (on a 2-core host there is nothing else to give them), so "2 workers" is also
 "2 workers + router + client on 2 cores". Prints the figures and `BENCH_ROW` lines for bench/run_all.py.
@@ -127,7 +127,8 @@ def main() -> int:
         sp = SamplingParams.for_ratios(max_new_tokens=args.new, temperature=1.0)
         paths = {"1 worker, direct": SGLangEngine(workers[0][0], max_concurrency=args.requests),
                  "1 worker, router": SGLangEngine(routers[1], max_concurrency=args.requests),
-                 "2 workers, router": SGLangEngine(routers[2], max_concurrency=args.requests)}
+                 "2 workers, router": SGLangEngine(routers[2], max_concurrency=args.requests),
+                 "2 workers, client": SGLangEngine(workers=[w[0] for w in workers], max_concurrency=args.requests)}
         # Warm-up: the slot loop compiles a prefill per admission size and a decode chunk per slot count,
         # and which sizes occur depends on arrival timing, so a few batches per path before timing.
         for client in paths.values():
@@ -178,11 +179,13 @@ def main() -> int:
           f" load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     for name, v in tps.items():
         print(f"  rollout tokens/s  {name:<18} {v:9.1f}")
+    # "2 workers, client": no router, this client balances over the worker list (rollout.sglang_workers).
     print(f"  2 workers / 1 worker (both via router): {tps['2 workers, router'] / tps['1 worker, router']:.2f}x;"
           f" router / direct (1 worker): {tps['1 worker, router'] / tps['1 worker, direct']:.2f}x")
     md, mr = statistics.median(lat["direct"]), statistics.median(lat["router"])
     print(f"  one-token request latency: direct median {md:.2f} ms (p90 {p90(lat['direct']):.2f}),"
           f" via router median {mr:.2f} ms (p90 {p90(lat['router']):.2f}); router overhead {mr - md:+.2f} ms per request")
+    print(f"  2 workers, client-balanced / 1 worker direct: {tps['2 workers, client'] / tps['1 worker, direct']:.2f}x")
     rows = [
         {"figure": "fleet rollout tokens/s, 2 workers via router", "unit": "tok/s", "ours": round(tps["2 workers, router"], 1),
          "peer": "1 worker via router", "peer_value": round(tps["1 worker, router"], 1), "direction": "higher"},

@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1, help="with --print-sglang: tensor-parallel size")
     parser.add_argument("--dp", type=int, default=1, help="with --print-sglang: data-parallel size")
     parser.add_argument("--mem-fraction", type=float, default=0.85, help="with --print-sglang: --mem-fraction-static")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="with --print-sglang: --enable-deterministic-inference (SGLang ignores per-request seeds without it)")
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
             raise UserError("--print-sglang needs --checkpoint (an exported HF directory)")
         try:
             cmd = sglang_launch_command(args.checkpoint, host=host, port=port or 30000, tp=args.tp, dp=args.dp,
-                                        mem_fraction=args.mem_fraction)
+                                        mem_fraction=args.mem_fraction, deterministic=args.deterministic)
         except ValueError as e:
             raise UserError(str(e)) from None
         print(format_command(cmd))

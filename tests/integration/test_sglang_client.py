@@ -319,3 +319,24 @@ def test_a_base_url_that_is_not_a_router_with_workers_is_refused(setup):
     client = SGLangEngine(setup["server"].url, workers=[setup["server"].url])
     with pytest.raises(EngineError, match="is not a router .* must be an sglang-router or empty"):
         client.update_weights(setup["ckpt"], "a")
+
+
+def test_launch_commands_for_a_fleet(tmp_path):
+    """The SGLang worker line with deterministic inference (seeds honoured) and the router line."""
+    import json
+
+    from mpa_jax.rollout.launch import router_launch_command, sglang_launch_command
+
+    ckpt = tmp_path / "m"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert "--enable-deterministic-inference" in sglang_launch_command(str(ckpt), deterministic=True)
+    assert "--enable-deterministic-inference" not in sglang_launch_command(str(ckpt))
+    cmd = router_launch_command(["http://w1:31001", "http://w2:31001"], port=30000, policy="round_robin")
+    assert cmd[1:3] == ["-m", "sglang_router.launch_router"]
+    assert cmd[cmd.index("--worker-urls") + 1:cmd.index("--host")] == ["http://w1:31001", "http://w2:31001"]
+    assert cmd[cmd.index("--policy") + 1] == "round_robin"
+    with pytest.raises(ValueError, match="policy must be one of"):
+        router_launch_command(["http://w1:1"], policy="fastest")
+    with pytest.raises(ValueError, match="must start with http"):
+        router_launch_command(["w1:1"])
