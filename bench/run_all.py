@@ -231,6 +231,7 @@ PARSERS: dict[str, Callable[[str], list[Row]]] = {
 # the benches' own defaults are the full measurements and take much longer there.
 ARGS: dict[str, list[str]] = {
     "adb": ["--episodes", "30", "--echoes", "100"],
+    "fleet": ["--requests", "16", "--new", "32", "--repeats", "2", "--warmup", "2", "--latency-requests", "20"],
     "forward": ["--steps", "2", "--rounds", "2", "--batch", "4"],
     "generate": ["--repeats", "1", "--new", "32"],
     "memory": ["--tokens", "1m", "--queries", "100", "--dir", "/tmp/mpa_memory_bench_1m"],
@@ -242,7 +243,7 @@ ARGS: dict[str, list[str]] = {
     "train_step": ["--steps", "3", "--seq-len", "256"],
 }
 NEEDS_ACCELERATOR = {"models_accel"}
-SKIP = {"run_all"}
+SKIP = {"run_all", "sglang_cpu"}  # sglang_cpu needs SGLang in its own venv (docs/scaling.md); run it by hand
 
 
 def benches() -> list[str]:

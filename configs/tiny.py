@@ -92,7 +92,11 @@ def get_config() -> ml_collections.ConfigDict:
     # Rollout (sampling and the agent loop).
     c.rollout = ml_collections.ConfigDict()
     c.rollout.engine = "jax"  # jax | sglang
-    c.rollout.sglang_url = "http://127.0.0.1:30000"
+    c.rollout.sglang_url = "http://127.0.0.1:30000"  # an SGLang server or sglang-router ("" with sglang_workers alone)
+    c.rollout.sglang_workers = ()  # worker URLs: synced at every weight update; balanced by the client without a router
+    c.rollout.sglang_timeout_s = 300.0  # per request
+    c.rollout.sglang_max_retries = 3  # per request: transport errors, timeouts, 5xx (then the episode is infra)
+    c.rollout.sglang_max_staleness = 0  # weight versions a result may lag the engine's (0: exactly the synced one)
     c.rollout.split = "dev"
     c.rollout.max_tasks = 32
     c.rollout.batch_size = 32  # concurrent episodes

@@ -75,15 +75,17 @@ def make_engine(
             f"checkpoint {checkpoint} is not an exported Hugging Face directory (no config.json); run `mpa export` on it first"
         )
     if kind == "sglang":
-        from mpa_jax.rollout.sglang import SGLangEngine, hf_exporter
+        from mpa_jax.rollout.sglang import engine_from_config, hf_exporter
 
         exporter = None
         if model_cfg is not None:
             # exported in the learner's parameter dtype (the exporter's default is bfloat16): the server loads
             # exactly the learner's weights (it may still cast them to its own --dtype)
             exporter = hf_exporter(model_cfg, tokenizer_dir, dtype=str(model_cfg.param_dtype))
-        engine = SGLangEngine(str(config.rollout.sglang_url), request_batch=int(config.rollout.batch_size), vocab_limit=vocab_limit,
-                              exporter=exporter, export_root=export_root)
+        try:
+            engine = engine_from_config(config, vocab_limit=vocab_limit, exporter=exporter, export_root=export_root)
+        except ValueError as e:  # a bad config.rollout.sglang_* value, named
+            raise RolloutSetupError(str(e)) from None
         if params is not None:
             import jax
 
