@@ -180,6 +180,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.b1 = 0.9
     c.rl.b2 = 0.999
     c.rl.max_bad_updates = 3  # updates in a row with a non-finite loss or gradient norm (skipped) before RL stops
+    # which tasks a step trains on: "cursor" = a seeded permutation of rl.split; "competence" = fresh instances of
+    # train templates drawn by competence (most where it is intermediate), groups without reward variance re-drawn
+    c.rl.selection = "cursor"
+    c.rl.select_tries = 3  # competence: at most tasks_per_step x this many groups drawn per step
+    c.rl.select_floor = 0.05  # competence: weight of templates at competence 0 or 1
+    c.rl.select_prior = ""  # competence: trajectories (JSONL or dir) whose outcomes seed the table (the data stage's probe)
     c.rl.simulated_tasks = 64  # training tasks of the simulated env when config.envs.mixture.simulated > 0
     c.rl.infra_retries = 2  # re-run an infra-failed episode this many times, then drop it (never rewarded)
     c.rl.async_rollouts = False  # True: step k+1 samples while step k trains (one weight version stale)

@@ -39,7 +39,7 @@ import numpy as np
 
 from mpa_jax.rl import batch as rlbatch
 from mpa_jax.rl import care
-from mpa_jax.rl.rollouts import Rollouts, RLSetupError, TaskSource, group_rollouts, split_tasks  # noqa: F401
+from mpa_jax.rl.rollouts import Rollouts, RLSetupError, TaskSource, split_tasks  # noqa: F401
 
 __all__ = ["RLDiverged", "RLResult", "RLSetupError", "run_rl", "split_tasks"]
 
@@ -143,7 +143,7 @@ def run_rl(
     if tokenizer.vocab_size > cfg.vocab_size:
         raise RLSetupError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {cfg.vocab_size}")
     vocab_limit = tokenizer.vocab_size if tokenizer.vocab_size < cfg.vocab_size else None
-    templates = sorted({t.template for t in source.tasks})
+    templates = source.template_names
     key_id = {k: i for i, k in enumerate(templates)}
     learner = Learner(config, cfg, init_params, vocab_limit=vocab_limit, total_updates=total * int(rl.ppo_epochs) * int(rl.minibatches))
 
@@ -172,25 +172,24 @@ def run_rl(
             version, dropped_total, start = int(extra["weight_version"]), int(extra["infra_dropped"]), int(extra["rl_step"])
             resumed_from = latest
             if extra.get("prefetched") is not None:
-                prefetched = Rollouts.from_dict(extra["prefetched"], source)
+                prefetched = Rollouts.from_dict(extra["prefetched"])
 
         engine = make_engine(config, params=learner.params, model_cfg=cfg, version=str(version), tokenizer=tokenizer,
                              tokenizer_dir=hf_dir, export_root=os.path.join(workdir, "sync"))
         runner = runner or EpisodeRunner.from_config(config)
         writer = mlib.MetricsWriter(workdir)
         pool = ThreadPoolExecutor(1, thread_name_prefix="rl-rollouts") if async_mode else None
-        n = int(rl.tasks_per_step)
         for step in range(start, stop_at):
             t_wait = time.perf_counter()
             if prefetched is not None and prefetched.step == step:
                 rollouts = prefetched
             else:
-                rollouts = group_rollouts(runner, engine, tokenizer, source.draw(step, n), config, step)
+                rollouts = source.collect(runner, engine, tokenizer, config, step)
             t_wait = time.perf_counter() - t_wait
             future = None
             if pool is not None and step + 1 < stop_at:
                 # step k+1's rollouts sample with the current weights while step k trains (staleness 1)
-                future = pool.submit(group_rollouts, runner, engine, tokenizer, source.draw(step + 1, n), config, step + 1)
+                future = pool.submit(source.collect, runner, engine, tokenizer, config, step + 1)
             stale = rollouts.drop_stale(version, int(rl.max_staleness)) if async_mode else 0
             try:
                 metrics, new_version, bad = _one_step(config, step, learner, engine, rollouts, competence, key_id, version,
@@ -207,6 +206,8 @@ def run_rl(
             done = step + 1
             if bool(rl.save_rollouts):
                 _save_rollouts(workdir, done, rollouts)
+            if source.selector is not None:
+                _save_competence(workdir, done, source)
             writer.write(done, metrics)
             history.append({"step": float(done), **metrics})
             if progress:
@@ -226,7 +227,7 @@ def run_rl(
                 extra = {"competence": competence.to_dict(), "cursor": source.state, "weight_version": version,
                          "infra_dropped": dropped_total, "rl_step": done,
                          "prefetched": prefetched.to_dict() if prefetched is not None else None}
-                checkpointer.save(done, learner.state, learner.cursor_array(sum(source.state.values()), version), force=final, extra=extra)
+                checkpointer.save(done, learner.state, learner.cursor_array(done, version), force=final, extra=extra)
         checkpointer.wait()
     finally:
         if pool is not None:
@@ -254,6 +255,23 @@ def _save_rollouts(workdir: str, step: int, rollouts: Rollouts) -> None:
 def _last_good(checkpointer: Any, ck_dir: str) -> str:
     step = checkpointer.latest_step()
     return "none written yet" if step is None else f"step {step} in {ck_dir}"
+
+
+def _save_competence(workdir: str, step: int, source: TaskSource) -> None:
+    """One line per step in `<workdir>/competence.jsonl`: the selection table's templates seen so far (step,
+    template -> [successes, episodes, competence]); rewritten from the step on when a resumed run repeats it."""
+    import json
+
+    path = os.path.join(workdir, "competence.jsonl")
+    lines = []
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] < step]
+    c = source.competence()
+    row = {"step": step, "templates": {k: [s, n, round(c[k], 4)] for k, (s, n) in source.selector.counts.items() if n}}
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.writelines(lines + [json.dumps(row, sort_keys=True) + "\n"])
+    os.replace(path + ".tmp", path)
 
 
 def _wait(future):
@@ -342,6 +360,10 @@ def _one_step(config: Any, step: int, learner: Any, engine: Any, rollouts: Rollo
         "rl/micro_batches": float(layout["micro_batches"]),
         "rl/weight_version": float(version),
         "rl/infra_dropped": float(sum(rollouts.dropped.values())),
+        "rl/groups_drawn": float(rollouts.drawn or len(rollouts.draws)),
+        "rl/groups_kept": float(len(rollouts.draws)),
+        # zero-variance share of what was drawn: selection drops such groups before training
+        "rl/zero_var_share": float(1.0 - (len(rollouts.draws) - zero_var) / max(rollouts.drawn or len(rollouts.draws), 1)),
         "time/rollout_s": rollouts.rollout_s,
         "time/train_s": t_train,
         "time/sync_s": t_sync,

@@ -324,3 +324,38 @@ def test_non_finite_rollouts_are_refused_and_a_diverged_learner_stops_the_run(tm
     recs = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
     bad = [r for r in recs if r.get("rl/nonfinite_updates")]
     assert bad and all(r["rl/weight_version"] == recs[0]["rl/weight_version"] for r in bad)  # no sync of skipped updates
+
+
+def test_competence_selection_trains_on_fresh_instances_and_resumes_exactly(tmp_path, tok):
+    """`rl.selection = "competence"`: every trained group is a fresh instance (no split's seed) with reward
+    variance; a run stopped after step 1 and resumed ends with the uninterrupted run's weights, table and metrics."""
+    from mpa_jax.rl.rollouts import FRESH_SEED_BASE
+
+    cfg = _config(tok, steps=2)
+    cfg.rl.selection, cfg.rl.templates = "competence", "calc.tip_split,weather.forecast"
+    finals = {}
+
+    def keep(name):
+        return lambda done, metrics, state, engine: finals.__setitem__(name, _params(state))
+
+    _reset_pattern()
+    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, runner=_pattern_runner(), on_step=keep("a"), progress=False)
+    recs = {int(r["step"]): r for r in read_metrics(a.metrics_path)}
+    for step, m in recs.items():
+        assert m["rl/groups_kept"] <= 4 and m["rl/groups_drawn"] >= m["rl/groups_kept"]
+        from mpa_jax.envs import Trajectory, read_jsonl
+
+        trajs = read_jsonl(str(tmp_path / "a" / "rollouts" / f"step_{step:06d}.jsonl"), Trajectory)
+        assert trajs and all("/rl/" in t.task_id and int(t.task_id.rsplit("/", 1)[1]) >= FRESH_SEED_BASE for t in trajs)
+    table = [json.loads(x) for x in open(tmp_path / "a" / "competence.jsonl")]
+    assert [r["step"] for r in table] == [1, 2] and set(table[-1]["templates"]) <= {"calc.tip_split", "weather.forecast"}
+    _reset_pattern()
+    run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), max_steps=1, progress=False)
+    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), on_step=keep("b"), progress=False)
+    assert b.resumed_from == 1
+    assert all(np.array_equal(x, y) for x, y in zip(finals["a"], finals["b"]))
+    rb = [r for r in read_metrics(b.metrics_path) if r["step"] == 2][-1]
+    for k, v in recs[2].items():
+        if not k.startswith("time/"):
+            assert rb[k] == v or (v != v and rb[k] != rb[k]), k
+    assert [json.loads(x) for x in open(tmp_path / "b" / "competence.jsonl")] == table
