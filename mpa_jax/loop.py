@@ -247,11 +247,11 @@ class Loop:
         return {"export_dir": res.export_dir, "steps": res.steps, "train_loss": res.train_loss, "eval_loss": res.eval_loss,
                 "losses": res.losses, "metrics_path": res.metrics_path, "resumed_from": res.resumed_from}
 
-    def rl(self, round_index: int, checkpoint: str, tasks_path: str = "") -> dict[str, Any]:
-        """CARE RL (`config.rl`) from the current HF model, exported to HF; skipped with the reason
-        when the RL trainer is not in this build or `config.rl.steps` is 0. With `loop.rl_tasks="data"`
-        RL trains on `tasks_path` (the previous data stage's constructed tasks: fresh instances the
-        policy has not been trained on, weighted by its competence), else on `config.rl.split`."""
+    def rl(self, round_index: int, checkpoint: str, tasks_path: str = "", prior: str = "") -> dict[str, Any]:
+        """CARE RL (`config.rl`) from the current HF model, exported to HF; skipped with the reason when
+        `config.loop.rl_steps` is 0. Tasks by `loop.rl_tasks`: "select" = competence-aware selection of fresh
+        instances (`rl.selection = "competence"`, seeded by `prior`: the data stage's probe of this policy);
+        "data" = `tasks_path` (the previous data stage's constructed tasks); "split" = `config.rl.split`."""
         steps = int(self.config.loop.rl_steps)
         if steps <= 0:
             return {"skipped": "config.loop.rl_steps is 0", "export_dir": checkpoint}
@@ -261,10 +261,13 @@ class Loop:
         cfg = copy.deepcopy(self.config)
         cfg.rl.steps = steps
         source = str(self.config.loop.rl_tasks)
-        if source not in ("data", "split"):
-            raise RLSetupError(f"config.loop.rl_tasks={source!r} must be 'data' or 'split'")
+        if source not in ("select", "data", "split"):
+            raise RLSetupError(f"config.loop.rl_tasks={source!r} must be 'select', 'data' or 'split'")
         if source == "data" and tasks_path and os.path.exists(tasks_path):
             cfg.rl.split = tasks_path
+        if source == "select":
+            cfg.rl.selection = "competence"
+            cfg.rl.select_prior = prior if prior and os.path.exists(prior) else ""
         self._learner_mesh(cfg)
         if not str(cfg.tokenizer.path):
             cfg.tokenizer.path = self.tokenizer_dir()
@@ -388,7 +391,8 @@ class Loop:
         datasets = [data0]
         harness_version, harness_dir = "none", ""
         for r in range(1, int(cfg.loop.rounds) + 1):
-            rl = self.stage(f"r{r}/rl", lambda: self.rl(r, current, data_prev.get("tasks_path", "")))
+            prior = os.path.join(os.path.dirname(data_prev["path"]), "policy.jsonl")  # the data stage's probe of this policy
+            rl = self.stage(f"r{r}/rl", lambda: self.rl(r, current, data_prev.get("tasks_path", ""), prior))
             current = rl.get("export_dir") or current
             if int(cfg.loop.refresh_steps) > 0:
                 mix = self.mix_data(r, [d["path"] for d in datasets])
@@ -450,7 +454,9 @@ class Loop:
                         for n in st["order"] if n.endswith("/harness")],
             "datasheets": datasheets,
             "training_losses": losses,
-            "rl": {n.split("/")[0]: [{"step": h.get("step"), "output_tokens": h.get("rl/output_tokens"), "success": h.get("rl/success")}
+            "rl": {n.split("/")[0]: [{"step": h.get("step"), "output_tokens": h.get("rl/output_tokens"), "success": h.get("rl/success"),
+                                      "groups_kept": h.get("rl/groups_kept"), "groups_drawn": h.get("rl/groups_drawn"),
+                                      "updates": h.get("rl/updates")}
                                      for h in st["done"][n].get("history", [])]
                    for n in st["order"] if n.endswith("/rl") and not st["done"][n].get("skipped")},
             "final_export": final["export_dir"],

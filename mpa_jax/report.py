@@ -224,6 +224,13 @@ def format_headline(summary: dict[str, Any]) -> str:
             f"{100 * s['by_category'][c]:10.1f}%" if c in s["by_category"] else f"{'-':>11}" for c in cats)
             + f"{s['mean_output_tokens']:9.1f}{s['mean_tool_calls']:7.2f}{s['cost_per_1k_tasks']:9.4f}  {s['weight_version']} / {s['harness_version']}"
             + (f" (harness off: {_pct(s.get('success_harness_off'))})" if s.get("harness_mode") == "on" else ""))
+    for rnd, hist in summary.get("rl", {}).items():
+        if hist:  # the RL stage's own figures: its training rollouts, first vs last step, and the groups it kept
+            kept = sum(h.get("groups_kept") or 0 for h in hist)
+            drawn = sum(h.get("groups_drawn") or 0 for h in hist)
+            lines.append(f"RL {rnd}: {len(hist)} steps, training success {_pct(hist[0].get('success'))} (step 1) -> {_pct(hist[-1].get('success'))}"
+                         f" (step {len(hist)}), output tokens {hist[0]['output_tokens'] or 0:.0f} -> {hist[-1]['output_tokens'] or 0:.0f},"
+                         f" groups kept {kept:.0f} of {drawn:.0f} drawn")
     for sk in summary["skipped"]:
         lines.append(f"skipped {sk['stage']}: {sk['reason']}")
     return "\n".join(lines)
