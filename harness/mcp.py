@@ -319,7 +319,7 @@ class MCPServerTools:
 
     def _open(self) -> list[Any]:
         """Start the server and its session; the listed tools. TimeoutError past `timeout_s`."""
-        ready = self._run(self._begin(), timeout=5)
+        ready = self._run(self._begin(), timeout=self.timeout_s)  # spawning itself can be slow on a loaded host
         waiter = asyncio.run_coroutine_threadsafe(_wait(ready), self._loop)
         try:
             return waiter.result(timeout=self.timeout_s)

@@ -161,7 +161,8 @@ def project_tokenizer(config: Any, workdir: str) -> Tokenizer:
     from mpa_jax.envs.context import ContextFormat
 
     vocab_size = int(config.tokenizer.vocab_size)
-    context = ContextFormat.from_config(config)
+    # a tokenizer-only config (no context section) renders its corpus in the default json/full format
+    context = ContextFormat.from_config(config) if "context" in config else ContextFormat()
     out = os.path.join(workdir, "tokenizer")
     meta_path = os.path.join(out, _BUILD_META)
     if is_tokenizer_dir(out) and os.path.isfile(meta_path):
@@ -170,7 +171,8 @@ def project_tokenizer(config: Any, workdir: str) -> Tokenizer:
         # a directory built before the format was recorded is taken as built for this run's format
         if meta.get("vocab_size") == vocab_size and meta.get("context", context.to_dict()) == context.to_dict():
             return load_tokenizer(out)
-    tok, _ = build_project_tokenizer(vocab_size, out, split=str(config.oracle.split), seed=int(config.seed),
+    tok, _ = build_project_tokenizer(vocab_size, out, split=str(config.oracle.split) if "oracle" in config else "train",
+                                     seed=int(config.get("seed", 0)),
                                      max_tasks=int(config.tokenizer.corpus_tasks), context=context)
     return tok
 
