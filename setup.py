@@ -54,8 +54,15 @@ setup(
             "transformers==5.24.0",
             "torch==2.13.0",
             "mcp>=2.3,<3",
+            # the official MCP servers users run (tests/integration/test_harness_mcp_pypi.py); these
+            # releases need mcp>=2.3,<3 like the harness. mcp-server-calculator (mcp<2) and
+            # mcp-server-sqlite (1.x API: dies at start under mcp 2) are left out: docs/harness.md
+            "mcp-server-time==2026.10.19",
+            "mcp-server-git==2026.10.19",
+            "mcp-server-fetch==2026.10.24",
             "adbutils>=2.8",  # tests/integration/test_adb*.py drive the real adb server through it
             "openai>=1.40",  # tests/integration/test_serve_openai.py: the official client against `mpa serve`
+            "sglang-router==0.3.2",  # tests/integration/test_fleet_router.py: the real router (a Rust wheel; runs on CPU)
         ],
         "harness": ["mcp>=2.3,<3"],
         "serve": ["fastapi>=0.115", "uvicorn>=0.30"],

@@ -11,19 +11,19 @@ import statistics
 import sys
 
 from mpa_jax.config import load_config_file
-from mpa_jax.envs import context, load_tasks, make_env, run_oracle_episode
+from mpa_jax.envs import load_tasks, make_env, run_oracle_episode
 from mpa_jax.tokenizer import encode_chat, tokenizer_for_config
 
 
 def main() -> None:
     fmt, reasoning = (sys.argv[1:3] + ["json", "full"][len(sys.argv[1:3]):])[:2]
-    context.set_format(fmt, reasoning)
     cfg = load_config_file(os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.py"))
+    cfg.context.format, cfg.context.reasoning = fmt, reasoning
     tok = tokenizer_for_config(cfg, "/tmp/mpa-context-tokens")
-    env = make_env("sandbox")
+    env = make_env("sandbox", config=cfg)
     lengths, trained = [], []
     for i, task in enumerate(load_tasks("train")[::20]):
-        ep = run_oracle_episode(env, task, seed=i)
+        ep = run_oracle_episode(env, task, seed=i, reasoning=reasoning)
         ids, mask = encode_chat(tok, ep.messages, ep.tools or None)
         lengths.append(len(ids))
         trained.append(sum(mask))

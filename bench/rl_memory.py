@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from mpa_jax.config import load_config_file
     from mpa_jax.rl import batch as rlbatch
     from mpa_jax.rl.loss import make_rl_loss
-    from mpa_jax.rl.trainer import _compiled_step, _opt_key, budgeted_micro_batches, make_rl_optimizer
+    from mpa_jax.rl.learner import budgeted_micro_batches, compiled_update, make_rl_optimizer, optimizer_key
     from mpa_jax.train import state as statelib
     from mpa_jax.train import step as steplib
 
@@ -84,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.layout == "budget":
         budget = int(args.budget or rl.tokens_per_micro_batch)
         micro, row_len, rpd = budgeted_micro_batches(seqs, seq_len, budget, dp)
-        upd = _compiled_step(cfg, (float(rl.temperature), float(rl.clip_low), float(rl.clip_high), 0.0, chunk, None),
-                             _opt_key(rl, 100), mesh, rules)
+        upd = compiled_update(cfg, (float(rl.temperature), float(rl.clip_low), float(rl.clip_high), 0.0, chunk, None),
+                             optimizer_key(rl, 100), mesh, rules)
         placed = [{k: jax.device_put(v, row_sh) for k, v in mb.items()} for mb in micro]
         acc = upd._init_acc(state.params, placed[0])
         gib = _analysed_gib(upd._accumulate.lower(acc, state.params, placed[0]).compile())

@@ -54,9 +54,9 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
     from mpa_jax import models, sharding
     from mpa_jax.rl import batch as rlbatch
     from mpa_jax.rl import care
-    from mpa_jax.rl.trainer import _compiled_step, _opt_key, budgeted_micro_batches, copy_params, make_rl_optimizer, sync_weights
+    from mpa_jax.rl.learner import budgeted_micro_batches, compiled_update, make_rl_optimizer, optimizer_key
     from mpa_jax.rollout.jax_engine import JaxEngine
-    from mpa_jax.rollout.run import engine_replicas
+    from mpa_jax.rollout.engines import engine_replicas
     from mpa_jax.rollout.types import SamplingParams
     from mpa_jax.train import state as statelib
 
@@ -69,13 +69,13 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
     pshape = cfg.abstract_params()
     ssh = statelib.state_shardings(mesh, pshape, sharding.param_shardings(cfg, mesh, rules), opt)
     state = statelib.create_sharded_state(lambda r: fam.init_params(cfg, r), opt, 0, ssh)
-    step = _compiled_step(cfg, (1.0, float(rl.clip_low), float(rl.clip_high), 0.0, int(config.model.logprob_chunk), None),
-                          _opt_key(rl, 100), mesh, rules)
+    step = compiled_update(cfg, (1.0, float(rl.clip_low), float(rl.clip_high), 0.0, int(config.model.logprob_chunk), None),
+                          optimizer_key(rl, 100), mesh, rules)
     n = len(prompts) * group
-    if bool(config.rollout.get("sharded", False)) and jax.default_backend() != "cpu":
-        engine = JaxEngine(cfg, copy_params(state.params), max_batch=n, mesh=mesh, rules=rules)  # on the learner mesh
+    if bool(config.rollout.sharded) and jax.default_backend() != "cpu":
+        engine = JaxEngine(cfg, jax.device_get(state.params), max_batch=n, mesh=mesh, rules=rules)  # on the learner mesh
     else:
-        engine = JaxEngine(cfg, copy_params(state.params), max_batch=n, replicas=engine_replicas(config))
+        engine = JaxEngine(cfg, jax.device_get(state.params), max_batch=n, replicas=engine_replicas(config))
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
     seq_len = len(prompts[0]) + completion_len
@@ -103,7 +103,7 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
         state, m = step(state, placed)
         jax.block_until_ready(state.params)
         t2 = time.perf_counter()
-        sync_weights(engine, state.params, it + 1)
+        engine.update_weights(jax.device_get(state.params), str(it + 1))
         jax.block_until_ready(jax.tree.leaves(engine.params))
         t3 = time.perf_counter()
         gen_tokens = float(sum(len(o.token_ids) for o in outs))

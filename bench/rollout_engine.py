@@ -5,14 +5,16 @@ The starter planner (`starter/`, the shipped HF checkpoint, its tokenizer and co
 split: every category, so turns and lengths are mixed), temperature `--temperature` (default 1, as RL
 samples), the same per-(episode, turn) seeds in every mode. Modes:
 
-- `batch`: today's path, `agent_loop.run_episodes` (every live episode's turn in one `generate` per round
-  and token budget; a round waits for its longest turn) over the whole-batch program
-  (`Engine.generate_batch`: bucketed prefill + one jitted decode loop per call);
-- `rounds`: the same rounds over the slot engine (`generate` = submit every prompt, wait for all);
-- `continuous` (one per `--slots` value): each episode's next turn is submitted (`Engine.submit`) as soon as
-  its feedback is ready, no rounds; a small driver here with the agent loop's own per-turn step
-  (`agent_loop._after_generate`: parse, env step, feedback), so every mode does the same work per
-  episode.
+- `batch`: the round-synchronous path of `rollout.runner.EpisodeRunner` (every live episode's turn in one
+  `generate` per round and token budget; a round waits for its longest turn) over the whole-batch
+  program (`Engine.generate_batch`: bucketed prefill + one jitted decode loop per call): what RL and
+  evaluation ran before the one engine;
+- `rounds`: the same rounds over the engine's slots (`generate` = submit every prompt, wait for all);
+- `continuous` (one per `--slots` value): the runner's continuous path, the engine itself: each episode's
+  next turn is submitted (`Engine.submit`) as soon as its feedback is ready, no rounds.
+
+All three are the same `EpisodeRunner.run` (the first two see the engine through an adapter without
+`submit`), so every mode does the same work per episode.
 
 Each mode runs twice on the same tasks and seeds; the second run is timed (its programs are compiled;
 the compile count of the timed run is printed). Printed per mode: episodes/s, sampled tokens/s, wall,
@@ -38,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class WholeBatch:
-    """Today's engine as `run_episodes` sees it: `generate` = one whole-batch program per call. Counts
+    """The engine as the runner saw it before: `generate` = one whole-batch program per call. Counts
     rows x decode steps per replica of every call (the program's loop runs until its longest row ends)."""
 
     def __init__(self, engine) -> None:
@@ -71,51 +73,18 @@ class WholeBatch:
             self.tokens += sum(len(out[i].token_ids) for i in idx)
 
 
-def run_continuous(engine, tokenizer, tasks, cfg):
-    """Every episode's next turn submitted when its feedback is ready (no rounds); Trajectories in task order."""
-    from concurrent.futures import FIRST_COMPLETED, wait
+class Rounds:
+    """The engine without `submit`: the runner then runs rounds of `generate` (over the slots)."""
 
-    from mpa_jax import tokenizer as tk
-    from mpa_jax.envs import make_env
-    from mpa_jax.envs.render import action_to_message, feedback_to_message, tool_call_to_action
-    from mpa_jax.rollout import agent_loop as al
-    from mpa_jax.rollout.types import SamplingParams
+    def __init__(self, engine) -> None:
+        self.engine = engine
 
-    im_end = tokenizer.token_id("<|im_end|>")
-    controls = al._control_tokens(tokenizer, im_end)
-    results = {}
-    futures = {}
+    @property
+    def weight_version(self) -> str:
+        return self.engine.weight_version
 
-    def finish(ep, reason):
-        ep.finish_reason = ep.finish_reason or reason
-        results[ep.index] = al._to_trajectory(ep, cfg, engine)
-        ep.env.close()
-
-    def submit(ep):
-        budget = min(cfg.max_new_tokens, cfg.max_total_tokens - len(ep.ids) - 1)  # as run_episodes
-        if budget < 1:
-            finish(ep, "max_tokens")
-            return
-        sp = SamplingParams(max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                            stop_token_ids=(im_end,))
-        futures[engine.submit(ep.ids, sp, al.episode_seed(cfg.seed, ep.index, ep.turns))] = ep
-
-    for i, task in enumerate(tasks):
-        ep = al._Episode(index=i, task=task, t0=time.perf_counter())
-        ep.env = make_env("sandbox")
-        obs = ep.env.reset(task)
-        ep.session = tk.ChatSession(tokenizer, obs["messages"], list(obs.get("tools") or []) or None)
-        submit(ep)
-    while futures:
-        done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
-        for f in done:
-            ep = futures.pop(f)
-            if al._after_generate(ep, f.result(), tokenizer, controls, cfg, action_to_message, feedback_to_message,
-                                  tool_call_to_action):
-                finish(ep, ep.finish_reason)
-            else:
-                submit(ep)
-    return [results[i] for i in range(len(tasks))]
+    def generate(self, prompts, params, seeds=None):
+        return self.engine.generate(prompts, params, seeds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,20 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={replicas}").strip()
 
     from mpa_jax import tokenizer as tk
-    from mpa_jax.commands.demo import apply_starter, load_starter
     from mpa_jax.config import load_config_file
-    from mpa_jax.envs import load_tasks, make_env
-    from mpa_jax.rollout.agent_loop import AgentLoopConfig, run_episodes
+    from mpa_jax.envs import load_tasks
     from mpa_jax.rollout.jax_engine import Engine
+    from mpa_jax.rollout.runner import EpisodeConfig, EpisodeRunner
+    from mpa_jax.sft.starter import load_starter, with_starter
 
-    config = load_config_file(args.config)
-    apply_starter(config, load_starter(args.starter))  # model shape, tokenizer, compact context
+    config = with_starter(load_config_file(args.config), load_starter(args.starter))  # model shape, tokenizer, compact context
     tok = tk.load_tokenizer(args.starter)
     dev = load_tasks("dev")
     stride = max(len(dev) // args.episodes, 1)
     tasks = dev[::stride][: args.episodes]  # across the split: every category, mixed lengths
-    cfg = AgentLoopConfig.from_config(config.rollout, seed=0, temperature=args.temperature, batch_size=len(tasks),
-                                      planner="bench")
+    cfg = EpisodeConfig.from_config(config.rollout, seed=0, temperature=args.temperature, batch_size=len(tasks),
+                                    planner="bench")
+    runner = EpisodeRunner.from_config(config, harness=False)  # the planner and the sandbox, nothing between
     slot_len = int(config.rollout.max_total_tokens)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; starter planner, {len(tasks)} dev episodes "
           f"({', '.join(f'{c} {sum(t.category == c for t in tasks)}' for c in sorted({t.category for t in tasks}))}), "
@@ -170,17 +139,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     ref = None
-    env = lambda: make_env("sandbox")  # noqa: E731
     for mode in args.modes:
         for slots in (args.slots if mode == "continuous" else [len(tasks)]):
             eng = engine(slots)
-            if mode == "batch":
-                wb = WholeBatch(eng)
-                fn = lambda: run_episodes(wb, tok, tasks, env, cfg)  # noqa: E731
-            elif mode == "rounds":
-                fn = lambda: run_episodes(eng, tok, tasks, env, cfg)  # noqa: E731
-            else:
-                fn = lambda: run_continuous(eng, tok, tasks, cfg)  # noqa: E731
+            wb = WholeBatch(eng)
+            seen = {"batch": wb, "rounds": Rounds(eng), "continuous": eng}[mode]
+            fn = lambda: runner.run(seen, tok, tasks, cfg)  # noqa: E731
             trajs, wall, compiles, s0, s1 = timed(fn, eng)
             tokens = sum(int(t.costs["output_tokens"]) for t in trajs)
             if mode == "batch":
@@ -209,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode, slots, eps, tps, wall, busy, busy_q, computed, compiles, same, succ in rows:
         print(f"{mode:>10} {slots!s:>5} {eps:>10.3f} {tps:>8.1f} {wall:>7.1f} {f(busy):>10} {f(busy_q):>12} {f(computed):>9} "
               f"{compiles:>8} {same:>5}/{len(ref):<5} {succ:>7}")
+    runner.close()
     base = rows[0][2]
     print("episodes/s relative to the first mode: " + ", ".join(f"{m} ({s}) {e / base:.2f}x" for m, s, e, *_ in rows))
     return 0

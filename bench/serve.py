@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     from mpa_jax import models
     from mpa_jax import tokenizer as tk
     from mpa_jax.config import load_config_file
+    from mpa_jax.rollout.engines import engine_replicas
     from mpa_jax.rollout.jax_engine import Engine
-    from mpa_jax.rollout.run import engine_replicas
     from mpa_jax.rollout.server import ServerThread, create_app
     from mpa_jax.rollout.slots import prompt_bucket
     from mpa_jax.rollout.types import SamplingParams

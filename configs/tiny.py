@@ -5,6 +5,8 @@ Every other config starts from this one and changes what differs.
 """
 import ml_collections
 
+from mpa_jax.logical_axes import DEFAULT_RULES
+
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -38,17 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
     c.mesh.expert = 1
-    c.sharding_rules = (
-        ("batch", ("data", "fsdp")),
-        ("length", None),
-        ("embed", "fsdp"),
-        ("mlp", "tensor"),
-        ("heads", "tensor"),
-        ("kv_heads", "tensor"),
-        ("head_dim", None),
-        ("vocab", "tensor"),
-        ("experts", "expert"),
-    )
+    c.sharding_rules = DEFAULT_RULES  # logical axis -> mesh axes (mpa_jax/logical_axes.py)
 
     # Tokenizer: an HF directory, or empty to build the project's own BPE into <workdir>/tokenizer.
     c.tokenizer = ml_collections.ConfigDict()
@@ -85,6 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.eval_every = 30
     c.sft.eval_batches = 2
     c.sft.eval_fraction = 0.05  # trajectories held out (seeded) for the held-out loss
+    c.sft.max_bad_updates = 3  # steps in a row with a non-finite loss or gradient norm (skipped, weights kept) before SFT stops
     c.sft.only_success = True  # train only on verified-successful episodes (infra failures are always dropped)
     c.sft.peak_flops = 0.0  # per-device peak FLOP/s for MFU; 0 = by device kind (unknown on CPU)
     c.sft.export = False  # write <workdir>/hf (Hugging Face) at the end
@@ -99,7 +92,11 @@ def get_config() -> ml_collections.ConfigDict:
     # Rollout (sampling and the agent loop).
     c.rollout = ml_collections.ConfigDict()
     c.rollout.engine = "jax"  # jax | sglang
-    c.rollout.sglang_url = "http://127.0.0.1:30000"
+    c.rollout.sglang_url = "http://127.0.0.1:30000"  # an SGLang server or sglang-router ("" with sglang_workers alone)
+    c.rollout.sglang_workers = ()  # worker URLs: synced at every weight update; balanced by the client without a router
+    c.rollout.sglang_timeout_s = 300.0  # per request
+    c.rollout.sglang_max_retries = 3  # per request: transport errors, timeouts, 5xx (then the episode is infra)
+    c.rollout.sglang_max_staleness = 0  # weight versions a result may lag the engine's (0: exactly the synced one)
     c.rollout.split = "dev"
     c.rollout.max_tasks = 32
     c.rollout.batch_size = 32  # concurrent episodes
@@ -182,6 +179,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.clip_norm = 1.0
     c.rl.b1 = 0.9
     c.rl.b2 = 0.999
+    c.rl.max_bad_updates = 3  # updates in a row with a non-finite loss or gradient norm (skipped) before RL stops
+    # which tasks a step trains on: "cursor" = a seeded permutation of rl.split; "competence" = fresh instances of
+    # train templates drawn by competence (most where it is intermediate), groups without reward variance re-drawn
+    c.rl.selection = "cursor"
+    c.rl.select_tries = 3  # competence: at most tasks_per_step x this many groups drawn per step
+    c.rl.select_floor = 0.05  # competence: weight of templates at competence 0 or 1
+    c.rl.select_prior = ""  # competence: trajectories (JSONL or dir) whose outcomes seed the table (the data stage's probe)
+    c.rl.simulated_tasks = 64  # training tasks of the simulated env when config.envs.mixture.simulated > 0
     c.rl.infra_retries = 2  # re-run an infra-failed episode this many times, then drop it (never rewarded)
     c.rl.async_rollouts = False  # True: step k+1 samples while step k trains (one weight version stale)
     c.rl.max_staleness = 1
@@ -256,9 +261,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness.store = ""  # SQLite trace store (WAL); empty = traces are not recorded
     c.harness.root = "runs/harness"  # proposals and harness versions on disk (`mpa harness mine/review`)
     c.harness.version_dir = ""  # an approved harness version to run under (normalisers, skills, descriptions)
-    c.harness.mcp = ""  # MCP servers to start over stdio, ";"-separated commands ("python srv.py; node x.js")
+    # MCP servers to start over stdio: a list of entries, each "CMD ARGS" (split like a shell, never run
+    # through one), optionally led by name=/prefix=/rename=old:new/allow=a,b, or a dict of those keys
+    # (docs/harness.md); e.g. ["python3 -m mcp_server_time", "prefix=calc_ uvx mcp-server-calculator"]
+    c.harness.mcp = []
     c.harness.mcp_allow = "*"  # comma-separated MCP tool names the planner may call ("*" = all)
-    c.harness.mcp_timeout_s = 20.0
+    c.harness.mcp_timeout_s = 20.0  # start (handshake + tool listing) and each call
+    c.harness.mcp_log = ""  # file the servers' stderr is appended to ("" = kept for error messages only)
+    c.harness.max_result_chars = 16000  # a provider's answer beyond this is cut, with a marker and its sha256 (0 = no cap)
     c.harness.memory = False  # memory tools + memory context (harness/memory, issue 15) as a tool provider
     c.harness.memory_store = ""  # one persistent memory store for all episodes; empty = per-episode, from the task's history
     c.harness.memory_tokens = 512  # budget of the memory block in the system prompt

@@ -1,7 +1,7 @@
 """The env protocol every kind implements, and `make_env(kind, config=None, **kwargs)` (kwargs from `config.envs.<kind>`).
 
 Kinds: "sandbox" (programmatic, `envs/sandbox.py`), "simulated" (LLM-simulated long-tail apps,
-`envs/simulated.py`), "adb" (an Android device, `envs/adb/env.py`). Factories are imported lazily so that
+`envs/simulated/`), "adb" (an Android device, `envs/adb/env.py`). Factories are imported lazily so that
 `import mpa_jax.envs` does not pull in adbutils.
 """
 from __future__ import annotations
@@ -13,6 +13,15 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from mpa_jax.envs.contract import Feedback, Task, ToolSpec, Verification
 
 POOL_KEYS = ("concurrency", "timeout_s")  # config.envs.<kind> keys the worker pool reads, not the env
+
+
+class EnvUnavailable(RuntimeError):
+    """The env cannot run episodes at all (e.g. a device that stays unreachable after the reconnect attempts).
+
+    Raised by `reset`. Unlike a fault inside one episode (INFRA Feedback, the episode marked infra), it
+    means every later episode would fail the same way: a run stops on it with this one message instead of
+    spending the reconnect time on each remaining task.
+    """
 
 
 @runtime_checkable
@@ -65,12 +74,17 @@ def env_kwargs(config: Any, kind: str) -> dict[str, Any]:
 
 
 def make_env(kind: str = "sandbox", config: Any = None, **kwargs: Any) -> Any:
-    """An env of `kind`; kwargs come from `config.envs.<kind>`, explicit kwargs override them.
+    """An env of `kind`; kwargs come from `config.envs.<kind>` and the context format from `config.context`
+    (`envs.context.ContextFormat`); explicit kwargs override them.
 
     An option the env does not take raises ValueError naming `config.envs.<kind>.<key>`.
     """
     factory = _factory(kind)
     merged = {**env_kwargs(config, kind), **kwargs}
+    if config is not None and "context" not in merged and "context" in config:  # a bare envs section keeps the default
+        from mpa_jax.envs.context import ContextFormat
+
+        merged["context"] = ContextFormat.from_config(config)
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):

@@ -12,13 +12,13 @@ Two formats, one place, used by the env's observation (hence rollouts) and by or
 Demonstration reasoning is a second knob: "full" (the oracle's `<think>` sentences) or "none" (no
 reasoning text: the tokens carry nothing the next action does not already say).
 
-The format is a process setting taken from the config (`context.configure(config)`), because envs are
-built by factories far from the config (`make_env("sandbox")`); `MPA_CONTEXT` / `MPA_REASONING` set it
-for processes that never see a config.
+A `ContextFormat` is a value passed explicitly: `ContextFormat.from_config(config)` -> env constructors
+(`make_env(kind, config=...)` passes it), the oracle (`reasoning=`), the episode runner and the collector.
+There is no process-wide setting.
 """
 from __future__ import annotations
 
-import os
+import dataclasses
 from typing import Any, Iterable
 
 from mpa_jax.envs.contract import ToolSpec
@@ -26,41 +26,27 @@ from mpa_jax.envs.contract import ToolSpec
 FORMATS = ("json", "compact")
 REASONING = ("full", "none")
 
-_state: dict[str, str] = {}
 
+@dataclasses.dataclass(frozen=True)
+class ContextFormat:
+    """How tools are shown (`format`: json | compact) and whether demonstrations carry reasoning (full | none)."""
 
-def configure(config: Any) -> None:
-    """Set the process' context format and demonstration reasoning from `config.context` (absent: defaults)."""
-    section = config.get("context", None) if hasattr(config, "get") else None
-    fmt = str(section.get("format", "json")) if section is not None else "json"
-    reasoning = str(section.get("reasoning", "full")) if section is not None else "full"
-    set_format(fmt, reasoning)
+    format: str = "json"
+    reasoning: str = "full"
 
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"config.context.format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.reasoning not in REASONING:
+            raise ValueError(f"config.context.reasoning must be one of {', '.join(REASONING)}, got {self.reasoning!r}")
 
-def set_format(fmt: str, reasoning: str = "full") -> None:
-    """Set the context format ("json" | "compact") and demonstration reasoning ("full" | "none")."""
-    if fmt not in FORMATS:
-        raise ValueError(f"config.context.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if reasoning not in REASONING:
-        raise ValueError(f"config.context.reasoning must be one of {', '.join(REASONING)}, got {reasoning!r}")
-    _state["format"] = fmt
-    _state["reasoning"] = reasoning
+    @classmethod
+    def from_config(cls, config: Any) -> "ContextFormat":
+        """From `config.context` (format, reasoning)."""
+        return cls(str(config.context.format), str(config.context.reasoning))
 
-
-def current_format() -> str:
-    """The context format in force: set_format's, else $MPA_CONTEXT, else "json"."""
-    fmt = _state.get("format") or os.environ.get("MPA_CONTEXT", "json")
-    if fmt not in FORMATS:
-        raise ValueError(f"MPA_CONTEXT must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    return fmt
-
-
-def current_reasoning() -> str:
-    """Demonstration reasoning in force: set_format's, else $MPA_REASONING, else "full"."""
-    r = _state.get("reasoning") or os.environ.get("MPA_REASONING", "full")
-    if r not in REASONING:
-        raise ValueError(f"MPA_REASONING must be one of {', '.join(REASONING)}, got {r!r}")
-    return r
+    def to_dict(self) -> dict[str, str]:
+        return {"format": self.format, "reasoning": self.reasoning}
 
 
 def _param(name: str, schema: dict[str, Any], required: bool) -> str:

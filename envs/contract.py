@@ -114,6 +114,16 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def _sorted_keys(obj: Any, keep_key: str | None = None, keep: bool = False) -> Any:
+    """`obj` with every object's keys sorted, except below a key named `keep_key` (its order is kept)."""
+    if isinstance(obj, dict):
+        items = obj.items() if keep else sorted(obj.items())
+        return {k: _sorted_keys(v, keep_key, keep or k == keep_key) for k, v in items}
+    if isinstance(obj, list):
+        return [_sorted_keys(v, keep_key, keep) for v in obj]
+    return obj
+
+
 @dataclasses.dataclass
 class ToolSpec(_Record):
     """A tool the planner may call. `parameters` is a JSON Schema object with additionalProperties false."""
@@ -159,6 +169,13 @@ class Task(_Record):
     persona_seed: int = 0
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> str:
+        """Canonical JSON, except that gold tool-call arguments keep their order (the schema's, as generated):
+        a task read back from a cache or JSONL demonstrates its calls exactly as a freshly generated one.
+        Hashes of a task's content use `canonical_json(task.to_dict())`, which ignores that order."""
+        d = {k: _sorted_keys(v, "arguments" if k == "gold" else None) for k, v in sorted(self.to_dict().items())}
+        return json.dumps(d, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
     def __post_init__(self) -> None:
         if self.domain not in DOMAINS:

@@ -16,7 +16,6 @@ import dataclasses
 import random
 from typing import Any
 
-from mpa_jax.envs import context
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Step, Task, Verification
 from mpa_jax.envs.render import action_to_message, feedback_to_message
 from mpa_jax.envs.tools import TOOLS
@@ -177,20 +176,19 @@ class _Runner:
 
 
 def run_plan(env: Any, task: Task, plan: list[dict[str, Any]], seed: int | None = None,
-             reasoning: str | None = None) -> OracleEpisode:
+             reasoning: str = "full") -> OracleEpisode:
     """Run `plan` (gold or a corrupted copy) with the oracle's recovery policy; seed None = canonical.
 
-    `reasoning` "full" writes the oracle's reasoning sentences, "none" leaves them out; None = the process'
-    setting (`envs.context.current_reasoning()`).
+    `reasoning` "full" writes the oracle's reasoning sentences, "none" leaves them out (`envs.context`).
     """
-    think = (reasoning or context.current_reasoning()) != "none"
+    think = reasoning != "none"
     runner = _Runner(env, task, random.Random(seed) if seed is not None else None, think)
     runner.run(plan)
     return OracleEpisode(task.id, runner.messages, runner.tools, runner.steps, env.verify(), getattr(env, "ledger_hash", ""))
 
 
 def run_oracle_episode(env: Any, task: Task, seed: int = 0, variation: bool = True,
-                       reasoning: str | None = None) -> OracleEpisode:
+                       reasoning: str = "full") -> OracleEpisode:
     """Solve `task` from its gold with seeded natural variation; the chat, steps and verification."""
     return run_plan(env, task, task.gold, seed if variation else None, reasoning)
 

@@ -42,13 +42,12 @@ def system_prompt(task: Task, persona: Persona, fmt: str = "json") -> str:
     return "\n".join(lines)
 
 
-def observation(task: Task, persona: Persona, specs: list[ToolSpec], fmt: str | None = None) -> dict[str, Any]:
+def observation(task: Task, persona: Persona, specs: list[ToolSpec], fmt: str = "json") -> dict[str, Any]:
     """{"messages": [system, *history, user], "tools": [openai function dicts]}.
 
-    `fmt` None = the process' context format (`envs.context`); "compact" puts one-line tool signatures in
-    the system message and returns no tools (the chat template then renders no schemas).
+    `fmt` is the context format (`envs.context`): "compact" puts one-line tool signatures in the system
+    message and returns no tools (the chat template then renders no schemas).
     """
-    fmt = fmt or context.current_format()
     system = system_prompt(task, persona, fmt)
     if fmt == "compact":
         system += "\n" + context.compact_tools(specs)

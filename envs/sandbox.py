@@ -18,6 +18,7 @@ import random
 from typing import Any
 
 from mpa_jax.envs.catalog import ENTITY_BY_NAME
+from mpa_jax.envs.context import ContextFormat
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Task, ToolSpec, Verification, canonical_json
 from mpa_jax.envs.prompt import observation
 from mpa_jax.envs.schema import SchemaError
@@ -51,9 +52,10 @@ class SandboxEnv:
 
     kind = "sandbox"
 
-    def __init__(self, fault_injection: bool = True) -> None:
+    def __init__(self, fault_injection: bool = True, context: ContextFormat | None = None) -> None:
         self.world = World()
         self.fault_injection = fault_injection
+        self.context = context or ContextFormat()
         self.task: Task | None = None
         self.ledger: list[dict[str, Any]] = []
         self.done = False  # True once a final message or finish was sent
@@ -77,7 +79,7 @@ class SandboxEnv:
         self._rng = random.Random(stable_hash("faults", task.id, task.seed))
         self._tools = set(task.tools)
         self._roles = {k: set(v) for k, v in task.roles.items()}
-        return observation(task, self.world.persona, task_tool_specs(task))
+        return observation(task, self.world.persona, task_tool_specs(task), self.context.format)
 
     def step(self, action: Any) -> Feedback:
         """Apply one action; never raises on bad input."""

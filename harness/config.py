@@ -1,15 +1,124 @@
-"""The harness settings (`config.harness`) as a typed, validated dataclass; a bad value names its key."""
+"""The harness settings (`config.harness`) as a typed, validated dataclass; a bad value names its key.
+
+`harness.mcp` is a list of MCP server entries, each kept apart from the others (never joined and split
+again). An entry is a dict `{"command": [...] or "CMD ARGS", "name": ..., "prefix": ..., "rename":
+{old: new}, "allow": [...]}`, or one string: a command split like a shell would (never run through one),
+optionally led by options, `"prefix=calc_ rename=calculate:calc name=calc allow=a,b python srv.py"`, or a
+JSON object of the dict form (for commands awkward to quote).
+"""
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import shlex
-from typing import Any
+from typing import Any, Mapping
 
 HARNESS_VERSION = "0.1.0"  # the built-in harness; approved evolution steps write versions above it
+DEFAULT_MAX_RESULT_CHARS = 16_000  # ~4,000 tokens: a provider's answer beyond it is cut (harness/results.py)
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the OpenAI tools format (and so every planner) accepts
+_ENTRY_OPTIONS = ("name", "prefix", "rename", "allow")
 
 
 class HarnessConfigError(ValueError):
     """A `config.harness` value is invalid; the message names the key."""
+
+
+@dataclasses.dataclass
+class MCPServerSpec:
+    """One MCP server to start: its argv and how its tools are shown to the planner.
+
+    `prefix` is put before every tool name; `rename` maps a tool's own name to the name the planner sees
+    (it wins over the prefix for that tool). Calls arrive under the shown name and reach the server under
+    its own. `allow` (None = the session's `mcp_allow`) lists the tools the planner may call, by either
+    name. `log` is the file the server's stderr is appended to ("" = kept only for error messages);
+    `max_result_chars` caps each answer (0 = no cap).
+    """
+
+    command: list[str]
+    name: str = ""
+    prefix: str = ""
+    rename: dict[str, str] = dataclasses.field(default_factory=dict)
+    allow: set[str] | None = None
+    log: str = ""
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
+
+    def __post_init__(self) -> None:
+        where = f"config.harness.mcp entry {' '.join(self.command)!r}"
+        if not self.command or not all(isinstance(w, str) and w for w in self.command):
+            raise HarnessConfigError(f"config.harness.mcp: an entry needs a command (non-empty strings), got {self.command!r}")
+        if self.prefix and not TOOL_NAME.match(self.prefix):
+            raise HarnessConfigError(f"{where}: prefix {self.prefix!r} may use only letters, digits, '_' and '-'")
+        for old, new in self.rename.items():
+            if not isinstance(old, str) or not isinstance(new, str) or not TOOL_NAME.match(new):
+                raise HarnessConfigError(f"{where}: rename {old!r} -> {new!r}: the new name must be 1-64 letters,"
+                                         " digits, '_' or '-'")
+
+    def shown_name(self, tool: str) -> str:
+        """The name the planner sees for the server's tool `tool`."""
+        return self.rename.get(tool) or f"{self.prefix}{tool}"
+
+
+def parse_mcp_entry(entry: Any, log: str = "", max_result_chars: int = DEFAULT_MAX_RESULT_CHARS) -> MCPServerSpec:
+    """One `harness.mcp` entry (a dict, a JSON object string or an option-led command string) as a spec."""
+    if isinstance(entry, MCPServerSpec):
+        return dataclasses.replace(entry, log=entry.log or log)
+    if hasattr(entry, "to_dict"):  # an ml_collections ConfigDict
+        entry = entry.to_dict()
+    if isinstance(entry, str) and entry.lstrip().startswith("{"):
+        try:
+            entry = json.loads(entry)
+        except json.JSONDecodeError as e:
+            raise HarnessConfigError(f"config.harness.mcp: entry {entry.strip()!r} is not a JSON object: {e}") from None
+    if isinstance(entry, str):
+        try:
+            words = shlex.split(entry)
+        except ValueError as e:
+            raise HarnessConfigError(f"config.harness.mcp: cannot split {entry.strip()!r}: {e}") from None
+        opts: dict[str, Any] = {}
+        while words and "=" in words[0] and words[0].split("=", 1)[0] in _ENTRY_OPTIONS:
+            key, value = words.pop(0).split("=", 1)
+            opts[key] = value
+        entry = {"command": words, **opts}
+    if not isinstance(entry, Mapping):
+        raise HarnessConfigError(f"config.harness.mcp: an entry must be a command string or a dict, got {entry!r}")
+    unknown = sorted(set(entry) - {"command", *_ENTRY_OPTIONS})
+    if unknown:
+        raise HarnessConfigError(f"config.harness.mcp: unknown entry key {unknown[0]!r} (keys: command, {', '.join(_ENTRY_OPTIONS)})")
+    command = entry.get("command")
+    if isinstance(command, str):
+        try:
+            command = shlex.split(command)
+        except ValueError as e:
+            raise HarnessConfigError(f"config.harness.mcp: cannot split {command!r}: {e}") from None
+    return MCPServerSpec(command=list(command or []), name=str(entry.get("name") or ""), prefix=str(entry.get("prefix") or ""),
+                         rename=_rename(entry.get("rename")), allow=_names(entry.get("allow")), log=log,
+                         max_result_chars=max_result_chars)
+
+
+def _rename(value: Any) -> dict[str, str]:
+    """`{old: new}` or "old:new,old2:new2"."""
+    if value in (None, ""):
+        return {}
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    pairs = {}
+    for part in str(value).split(","):
+        old, sep, new = part.strip().partition(":")
+        if not sep or not old or not new:
+            raise HarnessConfigError(f"config.harness.mcp: rename {part.strip()!r} must be OLD:NEW")
+        pairs[old] = new
+    return pairs
+
+
+def _names(value: Any) -> set[str] | None:
+    """A comma-separated string or a list of tool names; None (all allowed) for nothing or "*"."""
+    if value in (None, ""):
+        return None
+    names = {n.strip() for n in (value.split(",") if isinstance(value, str) else value) if str(n).strip()}
+    return None if "*" in names else names
 
 
 @dataclasses.dataclass
@@ -27,9 +136,11 @@ class HarnessConfig:
     store: str = ""
     root: str = "runs/harness"
     version_dir: str = ""
-    mcp: str = ""
+    mcp: list[Any] = dataclasses.field(default_factory=list)
     mcp_allow: str = "*"
     mcp_timeout_s: float = 20.0
+    mcp_log: str = ""
+    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
     memory: bool = False
     memory_store: str = ""
     memory_tokens: int = 512
@@ -45,18 +156,26 @@ class HarnessConfig:
             raise HarnessConfigError(f"config.harness.review.policy must be 'manual' or 'auto', got {self.review_policy!r}")
         if not self.mcp_timeout_s > 0:
             raise HarnessConfigError(f"config.harness.mcp_timeout_s must be > 0, got {self.mcp_timeout_s!r}")
+        if int(self.max_result_chars) < 0:
+            raise HarnessConfigError(f"config.harness.max_result_chars must be >= 0 (0 = no cap), got {self.max_result_chars!r}")
+        if isinstance(self.mcp, str):  # one command (a config written before the list): never split on ";"
+            self.mcp = [self.mcp] if self.mcp.strip() else []
+        elif isinstance(self.mcp, (list, tuple)):
+            self.mcp = list(self.mcp)
+        else:
+            raise HarnessConfigError(f"config.harness.mcp must be a list of server entries, got {self.mcp!r}")
+        self.mcp_servers  # noqa: B018 - parse now, so that a bad entry fails at load time and names itself
 
     @property
-    def mcp_commands(self) -> list[list[str]]:
-        """The MCP server commands, each split like a shell would (never run through a shell)."""
-        out = []
-        for part in self.mcp.split(";"):
-            if part.strip():
-                try:
-                    out.append(shlex.split(part))
-                except ValueError as e:
-                    raise HarnessConfigError(f"config.harness.mcp: cannot split {part.strip()!r}: {e}") from None
-        return out
+    def mcp_servers(self) -> list[MCPServerSpec]:
+        """The MCP servers to start, one spec per `harness.mcp` entry (stderr to `mcp_log`, results capped)."""
+        return [parse_mcp_entry(e, self.mcp_log, int(self.max_result_chars)) for e in self.mcp
+                if not (isinstance(e, str) and not e.strip())]
+
+    @property
+    def mcp_commands(self) -> list[MCPServerSpec]:
+        """The same as `mcp_servers` (the name `HarnessSession` reads; `start_servers` takes both forms)."""
+        return self.mcp_servers
 
     @property
     def mcp_allowed(self) -> set[str] | None:
@@ -84,6 +203,9 @@ class HarnessConfig:
                 continue
             if f.name in section:
                 value = section[f.name]
+                if f.name == "mcp":  # a list of entries (or, from an older config, one command string)
+                    kw[f.name] = list(value) if isinstance(value, (list, tuple)) else value
+                    continue
                 try:
                     kw[f.name] = type(f.default)(value) if not isinstance(f.default, bool) else _bool(value, f.name)
                 except (TypeError, ValueError):

@@ -19,9 +19,7 @@ import time
 from typing import Any, Callable, Protocol, Sequence
 
 from mpa_jax.envs.contract import ErrorCode, Feedback
-
-PARSE_HINT = ('Call a tool as <tool_call>{"name": "TOOL_NAME", "arguments": {...}}</tool_call> with a JSON object '
-              "of arguments, or answer the user in plain text.")
+from mpa_jax.harness.episode import PARSE_HINT
 
 
 @dataclasses.dataclass

@@ -9,6 +9,11 @@ that implements the small provider interface:
 The registry knows every tool's schema (for validation and normalisation) and which provider serves
 it. Env tools are special only in that the runtime executes them through `env.step` (the env's ledger,
 allow-lists and agent attribution stay the source of truth); their provider serves the catalog specs.
+
+A provider may also name tools it has but refuses (`refused()`: an MCP server's tools off the
+allow-list). Such a name is `in` the registry and routed to its provider, whose call answers
+PERMISSION_DENIED (not UNKNOWN_TOOL: the tool exists, the planner may not use it); it is never listed
+(`names`, `specs`, `describe`) and never clashes: a tool another source serves wins the name.
 """
 from __future__ import annotations
 
@@ -72,41 +77,63 @@ class ToolRegistry:
         self._specs: dict[str, ToolSpec] = {}
         self._source: dict[str, ToolProvider] = {}
         self._validators: dict[str, Any] = {}
+        self._refused: dict[str, ToolProvider] = {}  # refused tool name -> its provider
         self.providers: list[ToolProvider] = []
         for p in providers:
             self.add_provider(p)
 
     def add_provider(self, provider: ToolProvider) -> None:
         """Register every tool of `provider`; a name already served by another source is an error."""
-        for spec in provider.specs():
+        specs = provider.specs()
+        for spec in specs:
             if spec.name in self._specs and self._source[spec.name] is not provider:
-                raise RegistryError(
-                    f"tool {spec.name!r} of {provider.source} is already registered by {self._source[spec.name].source}")
+                fix = (" (give the server's harness.mcp entry a prefix=... or rename=OLD:NEW)"
+                       if provider.source.startswith("mcp:") or self._source[spec.name].source.startswith("mcp:") else "")
+                raise RegistryError(f"tool {spec.name!r} of {provider.source} is already registered by"
+                                    f" {self._source[spec.name].source}{fix}")
+        for spec in specs:
             self._specs[spec.name] = spec
             self._source[spec.name] = provider
             self._validators.pop(spec.name, None)
+            self._refused.pop(spec.name, None)
+        refused = getattr(provider, "refused", None)
+        for name in refused() if callable(refused) else ():
+            if name not in self._specs:
+                self._refused.setdefault(name, provider)
         self.providers.append(provider)
 
     def names(self) -> list[str]:
         return list(self._specs)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._specs
+        """True for every tool a provider answers, refused ones included (their calls: PERMISSION_DENIED)."""
+        return name in self._specs or name in self._refused
+
+    def is_refused(self, name: str) -> bool:
+        """True for a tool its provider has but refuses (an MCP tool off the allow-list)."""
+        return name in self._refused and name not in self._specs
 
     def spec(self, name: str) -> ToolSpec:
+        if name not in self._specs and name in self._refused:
+            # the router normalises before it calls: any schema does, the call is refused whatever the arguments
+            return ToolSpec(name=name, app=self._refused[name].source, domain="utilities", description=name,
+                            parameters={"type": "object"})
         return self._specs[name]
 
     def provider(self, name: str) -> ToolProvider:
-        return self._source[name]
+        return self._source[name] if name in self._source else self._refused[name]
 
     def source(self, name: str) -> str:
-        return self._source[name].source
+        return self.provider(name).source
 
     def specs(self, source: str | None = None) -> list[ToolSpec]:
         return [s for n, s in self._specs.items() if source is None or self._source[n].source == source]
 
     def validate(self, name: str, args: Any) -> str:
-        """'' when `args` fit the tool's schema, else the validator's message."""
+        """'' when `args` fit the tool's schema, else the validator's message ('' for a refused tool: its
+        call is refused whatever the arguments, and permission is checked first)."""
+        if self.is_refused(name):
+            return ""
         v = self._validators.get(name)
         if v is None:
             try:

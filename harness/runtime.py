@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable
 
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Task, ToolSpec, Trajectory
 from mpa_jax.harness.config import HARNESS_VERSION, HarnessConfig
+from mpa_jax.harness.episode import Episode, reply_from_planner
 from mpa_jax.harness.grounding import ground_arguments
 from mpa_jax.harness.normalise import normalise_arguments, schema_hint
 from mpa_jax.harness.registry import SandboxTools, ToolProvider, ToolRegistry, unknown_tool_feedback
@@ -408,50 +409,50 @@ class HarnessEnv:
         ]
         self.subagents.append(run)
         planner = self.session.subplanner
-        for turn in range(self.cfg.subagent_turns):
+
+        def step(a: Action) -> Feedback:
+            if a.kind != "tool_call":  # a delegate call: sub-agents act only with their own tools
+                return Feedback.error(ErrorCode.PERMISSION_DENIED, f"sub-agent {role!r} may not delegate", a.call_id,
+                                      "use only your own tools: " + ", ".join(sorted(allowed)))
+            self._record(role, "action", {"action": a.to_dict()})
+            fb = self._with_hint(self._call(a.name, a.arguments, a.call_id, role, allowed=allowed), a)
+            self._saw(fb)
+            self._record(role, "feedback", {"call_id": a.call_id, "feedback": fb.to_dict()})
+            run.steps.append({"action": a.to_dict(), "feedback": fb.to_dict()})
+            return fb
+
+        ep = Episode(self.task, step, max_turns=self.cfg.subagent_turns, agent=role, answer_to_env=False,
+                     make_call_id=lambda turn, j: f"{action.call_id}.{turn - 1}.{j}")
+        while not ep.ended:
             reply = planner.respond(run.messages, tools)
             run.output_tokens += reply.output_tokens
             run.prompt_tokens += reply.prompt_tokens
             run.turns.append({"prompt_ids": reply.prompt_ids, "token_ids": reply.token_ids, "logprobs": reply.logprobs})
-            self._record(role, "planner", {"turn": turn, "text": reply.text, "calls": reply.calls,
+            self._record(role, "planner", {"turn": ep.turns, "text": reply.text, "calls": reply.calls,
                                            "error": reply.error.to_dict() if reply.error else None})
-            if reply.infra:
-                return dataclasses.replace(reply.error, call_id=action.call_id,
-                                           message=f"sub-agent {role}: {reply.error.message}")
-            if reply.error is not None:  # unparseable call: show the sub-agent its error and go on
-                run.messages.append({"role": "assistant", "content": reply.raw or reply.text})
-                run.messages.append(_tool_message(dataclasses.replace(reply.error, call_id=f"{action.call_id}.{turn}")))
-                continue
-            run.messages.append(reply.to_message())
-            if not reply.calls:
-                run.answer = reply.text
-                return Feedback(call_id=action.call_id, status="ok",
-                                result={"agent": role, "answer": reply.text, "tool_calls": len(run.steps)},
-                                cost={"subagent_output_tokens": float(run.output_tokens),
-                                      "subagent_prompt_tokens": float(run.prompt_tokens)})
-            for j, c in enumerate(reply.calls):
-                cid = c.get("id") or f"{action.call_id}.{turn}.{j}"
-                sub_action = Action.tool_call(c["name"], c.get("arguments", {}), call_id=cid, agent=role)
-                self._record(role, "action", {"action": sub_action.to_dict()})
-                fb = self._with_hint(self._call(c["name"], c.get("arguments", {}), cid, role, allowed=allowed), sub_action)
-                self._saw(fb)
-                self._record(role, "feedback", {"call_id": cid, "feedback": fb.to_dict()})
-                run.steps.append({"action": sub_action.to_dict(), "feedback": fb.to_dict()})
-                run.messages.append(_tool_message(fb))
-                if fb.is_infra:
-                    return dataclasses.replace(fb, call_id=action.call_id, message=f"sub-agent {role}: {fb.message}")
+            msg, shown = ep.act(reply_from_planner(reply))
+            if msg is not None:
+                run.messages.append(msg)
+            run.messages += shown
+        if ep.finish_reason == "answer":
+            run.answer = ep.answer or ""
+            return Feedback(call_id=action.call_id, status="ok",
+                            result={"agent": role, "answer": run.answer, "tool_calls": len(run.steps)},
+                            cost={"subagent_output_tokens": float(run.output_tokens),
+                                  "subagent_prompt_tokens": float(run.prompt_tokens)})
+        if ep.infra:
+            return Feedback.error(ErrorCode.INFRA, f"sub-agent {role}: {ep.infra}", action.call_id)
         return Feedback.error(ErrorCode.PRECONDITION_FAILED, f"sub-agent {role} did not finish within {self.cfg.subagent_turns} turns",
                               action.call_id, "give the sub-agent a smaller, clearer sub-task")
 
 
-def _tool_message(fb: Feedback) -> dict[str, Any]:
-    from mpa_jax.envs.render import feedback_to_message
-
-    return feedback_to_message(fb)
-
-
-def _call_provider(provider: ToolProvider, name: str, args: Any, call_id: str) -> Feedback:
+def _call_provider(provider: ToolProvider, name: str, args: Any, call_id: str, max_chars: int | None = None) -> Feedback:
+    """One provider call as Feedback: a provider bug is INFRA; the answer is cut to `max_chars` characters
+    (default: the provider's `max_result_chars`, else harness.config.DEFAULT_MAX_RESULT_CHARS; 0 = no cap)."""
     import inspect
+
+    from mpa_jax.harness.config import DEFAULT_MAX_RESULT_CHARS
+    from mpa_jax.harness.results import cap_result
 
     try:
         takes_id = "call_id" in inspect.signature(provider.call).parameters
@@ -463,14 +464,10 @@ def _call_provider(provider: ToolProvider, name: str, args: Any, call_id: str) -
         return Feedback.error(ErrorCode.INFRA, f"{provider.source} failed: {type(e).__name__}: {e}", call_id)
     if not fb.call_id:
         fb = dataclasses.replace(fb, call_id=call_id)
-    return fb
-
-
-def session_for_run(config: Any, *, subplanner: Any = None, env_kind: str = "sandbox") -> HarnessSession:
-    """The session `mpa rollout` uses when `config.harness.enabled` (the env made by kind)."""
-    from mpa_jax.envs import make_env
-
-    return HarnessSession.from_config(config, env_factory=lambda: make_env(env_kind, config=config), subplanner=subplanner)
+    if max_chars is None:
+        own = getattr(provider, "max_result_chars", None)
+        max_chars = DEFAULT_MAX_RESULT_CHARS if own is None else int(own)
+    return cap_result(fb, max_chars)
 
 
 def version_of(path: str) -> str:

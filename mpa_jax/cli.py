@@ -9,7 +9,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from mpa_jax.config import ConfigError, apply_override, load_config_file, save_config, split_overrides
 
@@ -47,6 +47,26 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--env KIND` and `--device SERIAL` (the commands that run episodes on a kind: oracle, rollout)."""
+    parser.add_argument("--env", default=None, choices=("sandbox", "adb"), help="env kind (default: config.envs.kind)")
+    parser.add_argument("--device", default=None, help="device serial for --env adb (default: config.envs.adb.device)")
+
+
+def apply_env_arguments(args: argparse.Namespace, config: Any) -> str:
+    """Fold --env/--device into the config (`config.envs.kind`, `config.envs.adb.device`); returns the kind."""
+    kind = args.env or str(config.envs.kind)
+    config.envs.kind = kind
+    if args.device:
+        config.envs.adb.device = args.device
+    if kind == "simulated":
+        raise UserError("simulated envs are for training only: the benchmark (oracle/rollout over task splits)"
+                        " refuses simulated episodes")
+    if kind == "adb" and not str(config.envs.adb.device):
+        raise UserError("--env adb needs --device SERIAL (or config.envs.adb.device)")
+    return kind
+
+
 def _top_help() -> str:
     width = max(len(n) for n in COMMANDS)
     lines = ["usage: mpa <command> --config configs/NAME.py [--config.KEY=VALUE ...] [options]", "", "commands:"]
@@ -79,9 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config_file(args.config)
         for key, value in overrides:
             apply_override(config, key, value)
-        from mpa_jax.envs.context import configure as configure_context
+        from mpa_jax.envs.context import ContextFormat
 
-        configure_context(config)  # the planner's context format (oracle data and rollouts must agree): envs/context.py
+        ContextFormat.from_config(config)  # a bad context format is one line here, not deep inside a stage
     except (ConfigError, ValueError) as e:
         print(f"mpa: error: {e}", file=sys.stderr)
         return 2

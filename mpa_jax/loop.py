@@ -2,23 +2,26 @@
 
     round 0:  tokenizer -> data (constructed + train-split tasks, oracle [+ teacher] trajectories, curated)
               -> eval untrained [-> eval starter] -> SFT cold start -> eval SFT
-    round r:  RL on the env mixture (mpa_jax.rl, when in the build)
+    round r:  RL on the env mixture (config.envs.mixture; mpa_jax.rl)
               -> SFT refresh on the round's curated data (config.loop.refresh_steps; 0 = off)
-              -> eval -> mine failures into harness proposals -> review -> release (harness evolution, when in
-              the build) -> data: the policy's competence per cell sets the generation weights, new gated
+              -> eval -> mine failures into harness proposals -> review -> release (harness evolution)
+              -> data: the policy's competence per cell sets the generation weights, new gated
               tasks, oracle + the policy's verified successes, curated with a datasheet
     end:      the final model in Hugging Face format, `summary.json`, `report.html`
 
 Every stage is a function of the run's state; each completed stage is recorded in
 `<workdir>/loop_state.json` (atomically) with its result, so a killed run continues at the first
 unfinished stage; inside a stage SFT resumes from its last orbax checkpoint and evaluation from its last
-complete rollout file. A stage whose engine is not in this build is recorded as skipped with the reason
-(in the state, `summary.json` and the report), never imitated.
+complete rollout file. A stage that has nothing to do (no RL steps configured, no harness proposal
+approved) is recorded as skipped with the reason (in the state, `summary.json` and the report).
+
+Every stage runs on the run services: episodes through the `EpisodeRunner`, evaluations through the
+`eval.Evaluator` on one task selection, data through the `data.Collector`. The loop works on its own copy
+of the config and hands each stage a copy of the sections it changes.
 """
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import os
@@ -34,24 +37,6 @@ def _write_json(path: str, obj: Any) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
     os.replace(path + ".tmp", path)
-
-
-def rl_available() -> tuple[bool, str]:
-    """Whether the CARE RL trainer (issue 13: `mpa_jax.rl.trainer.run_rl`) is in this build, and why not."""
-    if importlib.util.find_spec("mpa_jax.rl") is None or importlib.util.find_spec("mpa_jax.rl.trainer") is None:
-        return False, "the CARE RL trainer (mpa_jax.rl, issue 13) is not in this build"
-    from mpa_jax.rl import trainer
-
-    if not hasattr(trainer, "run_rl"):
-        return False, "mpa_jax.rl.trainer has no run_rl(config, workdir, init=...) entry"
-    return True, ""
-
-
-def harness_evolution_available() -> tuple[bool, str]:
-    """Whether harness evolution (mine -> propose -> review -> release, issue 14) is in this build."""
-    if importlib.util.find_spec("mpa_jax.harness.evolution") is None:
-        return False, "harness evolution (mpa_jax.harness.evolution, issue 14) is not in this build"
-    return True, ""
 
 
 class LoopState:
@@ -86,7 +71,7 @@ class Loop:
                  after_stage: Callable[[str], None] | None = None) -> None:
         from rich.console import Console
 
-        self.config = config
+        self.config = _resolved(config)
         self.workdir = os.path.abspath(workdir)
         self.progress = progress
         self.console = console or Console()
@@ -124,38 +109,32 @@ class Loop:
         if self._tok is None:
             from mpa_jax import tokenizer as tk
 
-            init = str(self.config.model.get("init_from", "") or "")
-            if not str(self.config.tokenizer.get("path", "") or "") and init and tk.is_tokenizer_dir(init):
-                self.config.tokenizer.path = init  # a pretrained start brings its own tokenizer (DESIGN §9)
             self._tok = tk.tokenizer_for_config(self.config, self.workdir)
-            if self._tok.vocab_size > int(self.config.model.vocab_size) and not init:
+            if self._tok.vocab_size > int(self.config.model.vocab_size) and not str(self.config.model.init_from):
                 raise ValueError(f"tokenizer has {self._tok.vocab_size} ids, more than config.model.vocab_size={self.config.model.vocab_size}")
         return self._tok
 
     def tokenizer_dir(self) -> str:
-        path = str(self.config.tokenizer.get("path", "") or "")
-        return path or self.path("tokenizer")
+        return str(self.config.tokenizer.path) or self.path("tokenizer")
 
     @property
     def eval_split(self) -> str:
         """The split every stage is evaluated on: `config.loop.eval_split`, else `config.eval.split`."""
-        return str(self.config.loop.get("eval_split", "") or self.config.eval.split)
+        return str(self.config.loop.eval_split) or str(self.config.eval.split)
 
     @property
     def heldout(self) -> list[Any]:
+        """The evaluation tasks of every stage: `loop.eval_seen` of templates seen in training and
+        `loop.eval_held_out` of held-out templates (the demo's table), else `eval.max_tasks` stratified ones."""
         if self._heldout is None:
-            from mpa_jax.eval import heldout_tasks
+            from mpa_jax.eval import select_tasks
 
-            ev, lp = self.config.eval, self.config.loop
-            n_seen, n_held = int(lp.get("eval_seen", 0) or 0), int(lp.get("eval_held_out", 0) or 0)
-            if n_seen or n_held:  # the demo's split: tasks of templates seen in training and of held-out templates
-                from mpa_jax.sft.success import dev_subset
-
-                self._heldout = dev_subset(self.eval_split, n_seen, n_held, seed=int(self.config.tasks.seed),
-                                           per_template=int(self.config.tasks.per_template))
+            lp, seed, per = self.config.loop, int(self.config.tasks.seed), int(self.config.tasks.per_template)
+            if int(lp.eval_seen) or int(lp.eval_held_out):
+                self._heldout = select_tasks(self.eval_split, n_seen=int(lp.eval_seen), n_held_out=int(lp.eval_held_out),
+                                             seed=seed, per_template=per)
             else:
-                self._heldout = heldout_tasks(self.eval_split, int(ev.max_tasks), seed=int(self.config.tasks.seed),
-                                              per_template=int(self.config.tasks.per_template))
+                self._heldout = select_tasks(self.eval_split, n=int(self.config.eval.max_tasks), seed=seed, per_template=per)
         return self._heldout
 
     # ------------------------------------------------------------------ stages
@@ -164,8 +143,8 @@ class Loop:
 
         The weights come from the policy's competence per cell, measured on fresh probe tasks and on the
         round's RL rollouts (`rl_rollouts`: their directory; groups of samples on fresh tasks)."""
-        from mpa_jax.data import (CurationConfig, TeacherClient, all_keys, collect_oracle, collect_policy, collect_teacher,
-                                  competence_from_trajectories, construct_tasks, curate, generation_weights)
+        from mpa_jax.data import (Collector, CurationConfig, TeacherClient, all_keys, competence_from_trajectories, construct_tasks,
+                                  curate, generation_weights)
         from mpa_jax.envs import Trajectory, read_jsonl, write_jsonl
 
         cfg, d = self.config, self.config.data
@@ -173,18 +152,20 @@ class Loop:
         keys = all_keys("train")
         trajs: list[Any] = []
         competence: dict[str, Any] = {}
+        collector = Collector(cfg, self.tokenizer, progress=self.progress)
         if checkpoint is not None and int(d.policy_tasks) > 0:
             # the policy's competence per cell on fresh probe tasks sets this round's generation weights
             probe, _ = construct_tasks(int(d.policy_tasks), None, round_index=round_index, seed=int(cfg.seed) + 7919)
-            policy_trajs, _ = collect_policy(cfg, checkpoint, probe, workdir=self.workdir, out_path=os.path.join(out_dir, "policy.jsonl"),
-                                             label=f"policy r{round_index}", greedy=False, seed=int(cfg.seed) + round_index,
-                                             tokenizer=self.tokenizer, progress=self.progress)
+            policy_trajs = collector.policy(checkpoint, probe, out_path=os.path.join(out_dir, "policy.jsonl"), label=f"policy r{round_index}",
+                                            greedy=False, seed=int(cfg.seed) + round_index, workdir=self.workdir)
             trajs += policy_trajs
             rl_trajs = []
             if rl_rollouts and os.path.isdir(rl_rollouts):
                 for f in sorted(os.listdir(rl_rollouts)):
                     if f.endswith(".jsonl"):
                         rl_trajs += read_jsonl(os.path.join(rl_rollouts, f), Trajectory)
+            # simulated episodes are training-only: they say nothing about the benchmark's cells
+            rl_trajs = [t for t in rl_trajs if t.provenance.get("env") != "simulated"]
             competence = competence_from_trajectories(policy_trajs + rl_trajs)
         weights = generation_weights(competence, keys, floor=float(d.weight_floor))
         para = None
@@ -203,13 +184,10 @@ class Loop:
 
             train = load_tasks("train", seed=int(cfg.tasks.seed), per_template=int(cfg.tasks.per_template))
             tasks = list(train[: int(cfg.oracle.max_tasks)] if int(cfg.oracle.max_tasks) > 0 else train) + tasks
-        vocab = None if str(cfg.model.get("init_from", "") or "") else int(cfg.model.vocab_size)
-        trajs += collect_oracle(tasks, self.tokenizer, seed=int(cfg.seed) + round_index, variants=int(d.oracle_variants),
-                                vocab_limit=vocab, progress=self.progress)
+        trajs += collector.oracle(tasks, seed=int(cfg.seed) + round_index, variants=int(d.oracle_variants))
         if str(d.teacher_url) and int(d.teacher_tasks) > 0:
             client = TeacherClient(str(d.teacher_url), model=str(d.teacher_model))
-            trajs += collect_teacher(tasks[: int(d.teacher_tasks)], self.tokenizer, client, max_turns=int(cfg.rollout.max_turns),
-                                     vocab_limit=vocab, progress=self.progress)
+            trajs += collector.teacher(tasks[: int(d.teacher_tasks)], client, max_turns=int(cfg.rollout.max_turns))
         result = curate(trajs, CurationConfig.from_config(d, max_tokens=min(int(d.max_tokens), int(cfg.sft.seq_len)), target=weights))
         sheet_path = result.write(os.path.join(out_dir, "sft.jsonl"), name=f"round {round_index}")
         _write_json(os.path.join(out_dir, "construction.json"), {"weights": weights, "competence": competence, **stats.to_dict()})
@@ -224,47 +202,30 @@ class Loop:
     def evaluate(self, name: str, checkpoint: str | None, harness_version_dir: str = "") -> dict[str, Any]:
         """Held-out eval; with a released harness version, the same checkpoint with and without it
         (the headline is the harness-on figure, the off figure is kept beside it)."""
-        from mpa_jax.eval import evaluate
+        from mpa_jax.eval import Evaluator
 
-        mode = "both" if harness_version_dir else "off"
-        rep = evaluate(self.config, checkpoint, out_dir=self.path("eval", name), split=self.eval_split, tasks=self.heldout, harness=mode,
-                       k=int(self.config.eval.k), workdir=self.workdir, label=name, tokenizer=self.tokenizer,
-                       progress=self.progress, harness_version_dir=harness_version_dir)
-        m = rep["harness"]["on" if harness_version_dir else "off"]
+        mode = "on" if harness_version_dir else "off"
+        ev = Evaluator(self.config, self.heldout, tokenizer=self.tokenizer, progress=self.progress)
+        rep = ev.evaluate(checkpoint, out_dir=self.path("eval", name), harness="both" if harness_version_dir else "off",
+                          k=int(self.config.eval.k), label=name, harness_version_dir=harness_version_dir, workdir=self.workdir)
+        m = rep["harness"][mode]
         o = m["overall"]
-        split_success = self._template_success(os.path.join(self.path("eval", name), "on" if harness_version_dir else "off"))
+        groups = {}
+        for g in ("seen", "held_out"):
+            b = m["by_templates"].get(g)
+            groups[f"tasks_{g}"] = b["tasks"] if b else 0
+            groups[f"success_{g}"] = b["success"] if b else None
         return {"checkpoint": checkpoint, "eval_json": self.path("eval", name, "eval.json"), "weight_version": rep["weight_version"],
                 "success": o["success"], "partial_score": o["partial_score"], "mean_output_tokens": o["mean_output_tokens"],
                 "mean_tool_calls": o["mean_tool_calls"], "cost_per_1k_tasks": o["cost_per_1k_tasks"]["total"],
-                "cost_per_1k_tasks_output_only": o["cost_per_1k_tasks_output_only"],
-                "harness_mode": "on" if harness_version_dir else "off",
+                "cost_per_1k_tasks_output_only": o["cost_per_1k_tasks_output_only"], "harness_mode": mode,
                 "success_harness_off": rep["harness"]["off"]["overall"]["success"],
-                "by_category": {k: v["success"] for k, v in m["by_category"].items()}, "tasks": rep["tasks"], **split_success}
-
-    def _template_success(self, run_dir: str) -> dict[str, Any]:
-        """Success on tasks of templates seen in training and of held-out templates (`success_seen`,
-        `success_held_out`, with their task counts) over the run files of one harness mode."""
-        from mpa_jax.envs import Trajectory, read_jsonl
-        from mpa_jax.sft.success import held_out_templates
-
-        ho, template = held_out_templates(), {t.id: t.template for t in self.heldout}
-        hits = {"seen": [0, 0], "held_out": [0, 0]}
-        for f in sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []:
-            if f.endswith(".jsonl"):
-                for t in read_jsonl(os.path.join(run_dir, f), Trajectory):
-                    key = "held_out" if template.get(t.task_id) in ho else "seen"
-                    hits[key][1] += 1
-                    hits[key][0] += int(bool(t.verification and t.verification.success))
-        out: dict[str, Any] = {}
-        for key, (ok, n) in hits.items():
-            out[f"tasks_{key}"] = n
-            out[f"success_{key}"] = ok / n if n else None
-        return out
+                "by_category": {k: v["success"] for k, v in m["by_category"].items()}, "tasks": rep["tasks"], **groups}
 
     def _learner_mesh(self, cfg: Any) -> None:
         """`loop.learner_devices` > 0: the SFT and RL stages train data-parallel on that many devices
         (CPU: the forced host devices share two cores, and each holds its own micro-batch at once)."""
-        learners = int(self.config.loop.get("learner_devices", 0) or 0)
+        learners = int(self.config.loop.learner_devices)
         if learners > 0:
             cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert = learners, 1, 1, 1
 
@@ -280,21 +241,18 @@ class Loop:
         if lr is not None:
             cfg.sft.lr = float(lr)
             cfg.sft.warmup_steps = min(int(cfg.sft.warmup_steps), max(1, steps // 10))
-        if not str(cfg.tokenizer.get("path", "") or ""):
+        if not str(cfg.tokenizer.path):
             cfg.tokenizer.path = self.tokenizer_dir()
         res = run_sft(cfg, self.path(name), data_path, export=True, progress=self.progress)
         return {"export_dir": res.export_dir, "steps": res.steps, "train_loss": res.train_loss, "eval_loss": res.eval_loss,
                 "losses": res.losses, "metrics_path": res.metrics_path, "resumed_from": res.resumed_from}
 
-    def rl(self, round_index: int, checkpoint: str, tasks_path: str = "") -> dict[str, Any]:
-        """CARE RL (`config.rl`) from the current HF model, exported to HF; skipped with the reason
-        when the RL trainer is not in this build or `config.rl.steps` is 0. With `loop.rl_tasks="data"`
-        RL trains on `tasks_path` (the previous data stage's constructed tasks: fresh instances the
-        policy has not been trained on, weighted by its competence), else on `config.rl.split`."""
-        ok, why = rl_available()
-        if not ok:
-            return {"skipped": why, "export_dir": checkpoint}
-        steps = int(self.config.loop.get("rl_steps", 0) or 0)
+    def rl(self, round_index: int, checkpoint: str, tasks_path: str = "", prior: str = "") -> dict[str, Any]:
+        """CARE RL (`config.rl`) from the current HF model, exported to HF; skipped with the reason when
+        `config.loop.rl_steps` is 0. Tasks by `loop.rl_tasks`: "select" = competence-aware selection of fresh
+        instances (`rl.selection = "competence"`, seeded by `prior`: the data stage's probe of this policy);
+        "data" = `tasks_path` (the previous data stage's constructed tasks); "split" = `config.rl.split`."""
+        steps = int(self.config.loop.rl_steps)
         if steps <= 0:
             return {"skipped": "config.loop.rl_steps is 0", "export_dir": checkpoint}
         from mpa_jax.export import export_checkpoint
@@ -302,13 +260,16 @@ class Loop:
 
         cfg = copy.deepcopy(self.config)
         cfg.rl.steps = steps
-        source = str(self.config.loop.get("rl_tasks", "split") or "split")
-        if source not in ("data", "split"):
-            raise RLSetupError(f"config.loop.rl_tasks={source!r} must be 'data' or 'split'")
+        source = str(self.config.loop.rl_tasks)
+        if source not in ("select", "data", "split"):
+            raise RLSetupError(f"config.loop.rl_tasks={source!r} must be 'select', 'data' or 'split'")
         if source == "data" and tasks_path and os.path.exists(tasks_path):
             cfg.rl.split = tasks_path
+        if source == "select":
+            cfg.rl.selection = "competence"
+            cfg.rl.select_prior = prior if prior and os.path.exists(prior) else ""
         self._learner_mesh(cfg)
-        if not str(cfg.tokenizer.get("path", "") or ""):
+        if not str(cfg.tokenizer.path):
             cfg.tokenizer.path = self.tokenizer_dir()
         run_dir = self.path(f"r{round_index}", "rl")
         res = run_rl(cfg, run_dir, init=checkpoint, tokenizer=self.tokenizer, progress=self.progress)
@@ -316,7 +277,7 @@ class Loop:
                                tokenizer_dir=self.tokenizer_dir())
         hist = list(res.history)
         return {"export_dir": hf, "steps": int(res.steps), "weight_version": int(res.weight_version),
-                "rollouts_dir": os.path.join(run_dir, "rollouts") if bool(cfg.rl.get("save_rollouts", True)) else "",
+                "rollouts_dir": os.path.join(run_dir, "rollouts") if bool(cfg.rl.save_rollouts) else "",
                 "metrics_path": res.metrics_path, "resumed_from": res.resumed_from,
                 "history": [{k: float(v) for k, v in h.items() if isinstance(v, (int, float)) and math.isfinite(float(v))} for h in hist]}
 
@@ -335,7 +296,8 @@ class Loop:
 
         eval_dir = os.path.dirname(eval_result["eval_json"])
         evaluated = read_dir(os.path.join(eval_dir, "off")) + read_dir(os.path.join(eval_dir, "on"))
-        episodes: list[Any] = read_dir(rollouts_dir)
+        # simulated episodes are training-only: never mined into the harness the benchmark runs with
+        episodes: list[Any] = [t for t in read_dir(rollouts_dir) if t.provenance.get("env") != "simulated"]
         if data_result:
             for key in ("failures_path", "path"):
                 if os.path.exists(data_result.get(key, "")):
@@ -348,9 +310,6 @@ class Loop:
         prev = self.state.result(f"r{round_index - 1}/harness") if round_index > 1 else None
         base = {"mined": mined, "failures": len(failures), "clusters": clusters[:5],
                 "version": (prev or {}).get("version", "none"), "version_dir": (prev or {}).get("version_dir", ""), "changes": []}
-        ok, why = harness_evolution_available()
-        if not ok:
-            return {**base, "skipped": f"release: {why} (failures mined: {len(failures)} in {len(clusters)} clusters)"}
         from mpa_jax.harness import evolution
         from mpa_jax.harness.store import HarnessStore
 
@@ -370,7 +329,7 @@ class Loop:
         if version is None and os.path.isdir(os.path.join(root, "versions", current)) \
                 and os.path.join(root, "versions", current) != base["version_dir"]:
             version = current  # released by an interrupted earlier attempt of this stage, not gated yet
-        if version is not None and int(self.config.loop.get("release_gate_tasks", 0) or 0) > 0:
+        if version is not None and int(self.config.loop.release_gate_tasks) > 0:
             gate = self.release_gate(round_index, eval_result.get("checkpoint"), os.path.join(root, "versions", version),
                                      base["version_dir"])
             if gate["candidate"] < gate["baseline"]:
@@ -391,16 +350,16 @@ class Loop:
         """Success of the round's checkpoint with the candidate harness version vs with the current one
         (or none), on `loop.release_gate_tasks` train-split tasks (never the headline evaluation tasks): a
         version that makes the planner worse is not released (`withdraw`)."""
-        from mpa_jax.eval import evaluate, heldout_tasks
+        from mpa_jax.eval import Evaluator, select_tasks
 
-        tasks = heldout_tasks("train", int(self.config.loop.release_gate_tasks), seed=int(self.config.tasks.seed) + 1,
-                              per_template=int(self.config.tasks.per_template))
+        tasks = select_tasks("train", n=int(self.config.loop.release_gate_tasks), seed=int(self.config.tasks.seed) + 1,
+                             per_template=int(self.config.tasks.per_template))
         out = self.path("harness", f"r{round_index}", "gate")
+        ev = Evaluator(self.config, tasks, tokenizer=self.tokenizer, progress=self.progress)
 
         def success(name: str, mode: str, version_dir: str) -> dict[str, Any]:
-            rep = evaluate(self.config, checkpoint, out_dir=os.path.join(out, name), split="train", tasks=tasks, harness=mode,
-                           k=1, workdir=self.workdir, label=f"gate r{round_index} {name}", tokenizer=self.tokenizer,
-                           progress=self.progress, harness_version_dir=version_dir)
+            rep = ev.evaluate(checkpoint, out_dir=os.path.join(out, name), harness=mode, k=1, label=f"gate r{round_index} {name}",
+                              harness_version_dir=version_dir, workdir=self.workdir)
             return rep["harness"]
 
         cand = success("candidate", "both" if not current_dir else "on", candidate_dir)
@@ -413,12 +372,8 @@ class Loop:
         cfg = self.config
         t0 = time.perf_counter()
         os.makedirs(self.workdir, exist_ok=True)
-        if "context" in cfg and importlib.util.find_spec("mpa_jax.envs.context") is not None:
-            from mpa_jax.envs import context  # the planner's context format (issue 12), process-wide
-
-            context.configure(cfg)
         self.stage("tokenizer", lambda: {"vocab_size": self.tokenizer.vocab_size, "dir": self.tokenizer_dir()})
-        init = str(cfg.model.get("init_from", "") or "")
+        init = str(cfg.model.init_from)
         # from a starter, its competence already weights round 0's cells (and so round 1's RL tasks)
         data0 = self.stage("r0/data", lambda: self.build_data(0, init or None))
         untrained = self.stage("eval/untrained", lambda: self.evaluate("untrained", None))
@@ -436,7 +391,8 @@ class Loop:
         datasets = [data0]
         harness_version, harness_dir = "none", ""
         for r in range(1, int(cfg.loop.rounds) + 1):
-            rl = self.stage(f"r{r}/rl", lambda: self.rl(r, current, data_prev.get("tasks_path", "")))
+            prior = os.path.join(os.path.dirname(data_prev["path"]), "policy.jsonl")  # the data stage's probe of this policy
+            rl = self.stage(f"r{r}/rl", lambda: self.rl(r, current, data_prev.get("tasks_path", ""), prior))
             current = rl.get("export_dir") or current
             if int(cfg.loop.refresh_steps) > 0:
                 mix = self.mix_data(r, [d["path"] for d in datasets])
@@ -498,7 +454,9 @@ class Loop:
                         for n in st["order"] if n.endswith("/harness")],
             "datasheets": datasheets,
             "training_losses": losses,
-            "rl": {n.split("/")[0]: [{"step": h.get("step"), "output_tokens": h.get("rl/output_tokens"), "success": h.get("rl/success")}
+            "rl": {n.split("/")[0]: [{"step": h.get("step"), "output_tokens": h.get("rl/output_tokens"), "success": h.get("rl/success"),
+                                      "groups_kept": h.get("rl/groups_kept"), "groups_drawn": h.get("rl/groups_drawn"),
+                                      "updates": h.get("rl/updates")}
                                      for h in st["done"][n].get("history", [])]
                    for n in st["order"] if n.endswith("/rl") and not st["done"][n].get("skipped")},
             "final_export": final["export_dir"],
@@ -507,29 +465,15 @@ class Loop:
         }
 
 
-def _pct(x: Any) -> str:
-    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "-"
+def _resolved(config: Any) -> Any:
+    """The loop's own copy of the run's config: a pretrained start brings its own tokenizer (DESIGN §9)."""
+    from mpa_jax import tokenizer as tk
 
-
-def format_headline(summary: dict[str, Any]) -> str:
-    """The headline table: held-out success per stage, overall, on seen / held-out templates and per
-    category, with output tokens, tool calls, cost and versions."""
-    stages = summary["stages"]
-    cats = sorted({c for s in stages for c in s["by_category"]})
-    n_seen = next((s.get("tasks_seen") for s in stages if s.get("tasks_seen") is not None), 0)
-    n_held = next((s.get("tasks_held_out") for s in stages if s.get("tasks_held_out") is not None), 0)
-    head = (f"{'stage':<11}{'overall':>9}{'seen tmpl':>11}{'held-out tmpl':>15}" + "".join(f"{c:>11}" for c in cats)
-            + f"{'out tok':>9}{'calls':>7}{'cost/1k':>9}  weights / harness")
-    lines = [f"greedy success on the same {summary['heldout_tasks']} held-out {summary['split']} tasks, none trained on "
-             f"({n_seen} of templates seen in training, {n_held} of held-out templates)", head]
-    for s in stages:
-        lines.append(f"{s['name']:<11}{_pct(s['success']):>9}{_pct(s.get('success_seen')):>11}{_pct(s.get('success_held_out')):>15}" + "".join(
-            f"{100 * s['by_category'][c]:10.1f}%" if c in s["by_category"] else f"{'-':>11}" for c in cats)
-            + f"{s['mean_output_tokens']:9.1f}{s['mean_tool_calls']:7.2f}{s['cost_per_1k_tasks']:9.4f}  {s['weight_version']} / {s['harness_version']}"
-            + (f" (harness off: {_pct(s.get('success_harness_off'))})" if s.get("harness_mode") == "on" else ""))
-    for sk in summary["skipped"]:
-        lines.append(f"skipped {sk['stage']}: {sk['reason']}")
-    return "\n".join(lines)
+    config = config.copy_and_resolve_references()
+    init = str(config.model.init_from)
+    if not str(config.tokenizer.path) and init and tk.is_tokenizer_dir(init):
+        config.tokenizer.path = init
+    return config
 
 
 def run_loop(config: Any, workdir: str, **kw: Any) -> dict[str, Any]:

@@ -140,7 +140,6 @@ def _plots(summary: dict[str, Any], workdir: str) -> dict[str, str]:
 
 def render_report(summary: dict[str, Any], workdir: str) -> str:
     """The report's HTML for `summary` (the loop's summary.json)."""
-    from mpa_jax.loop import format_headline
 
     p = _plots(summary, workdir)
     stages = summary["stages"]
@@ -207,3 +206,33 @@ def write_report(workdir: str, summary: dict[str, Any]) -> str:
         f.write(text)
     os.replace(path + ".tmp", path)
     return path
+
+
+def format_headline(summary: dict[str, Any]) -> str:
+    """The headline table: held-out success per stage, overall, on seen / held-out templates and per
+    category, with output tokens, tool calls, cost and versions."""
+    stages = summary["stages"]
+    cats = sorted({c for s in stages for c in s["by_category"]})
+    n_seen = next((s.get("tasks_seen") for s in stages if s.get("tasks_seen") is not None), 0)
+    n_held = next((s.get("tasks_held_out") for s in stages if s.get("tasks_held_out") is not None), 0)
+    head = (f"{'stage':<11}{'overall':>9}{'seen tmpl':>11}{'held-out tmpl':>15}" + "".join(f"{c:>11}" for c in cats)
+            + f"{'out tok':>9}{'calls':>7}{'cost/1k':>9}  weights / harness")
+    lines = [f"greedy success on the same {summary['heldout_tasks']} held-out {summary['split']} tasks, none trained on "
+             f"({n_seen} of templates seen in training, {n_held} of held-out templates)", head]
+    for s in stages:
+        lines.append(f"{s['name']:<11}{_pct(s['success']):>9}{_pct(s.get('success_seen')):>11}{_pct(s.get('success_held_out')):>15}" + "".join(
+            f"{100 * s['by_category'][c]:10.1f}%" if c in s["by_category"] else f"{'-':>11}" for c in cats)
+            + f"{s['mean_output_tokens']:9.1f}{s['mean_tool_calls']:7.2f}{s['cost_per_1k_tasks']:9.4f}  {s['weight_version']} / {s['harness_version']}"
+            + (f" (harness off: {_pct(s.get('success_harness_off'))})" if s.get("harness_mode") == "on" else ""))
+    for rnd, hist in summary.get("rl", {}).items():
+        if hist:  # the RL stage's own figures: its training rollouts, first vs last step, and the groups it kept
+            kept = sum(h.get("groups_kept") or 0 for h in hist)
+            drawn = sum(h.get("groups_drawn") or 0 for h in hist)
+            lines.append(f"RL {rnd}: {len(hist)} steps, training success {_pct(hist[0].get('success'))} (step 1) -> {_pct(hist[-1].get('success'))}"
+                         f" (step {len(hist)}), output tokens {hist[0]['output_tokens'] or 0:.0f} -> {hist[-1]['output_tokens'] or 0:.0f},"
+                         f" groups kept {kept:.0f} of {drawn:.0f} drawn")
+    for sk in summary["skipped"]:
+        lines.append(f"skipped {sk['stage']}: {sk['reason']}")
+    return "\n".join(lines)
+
+

@@ -18,18 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
-DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", "fsdp"),
-    ("mlp", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("head_dim", None),
-    ("vocab", "tensor"),
-    ("experts", "expert"),
-)
+from mpa_jax.logical_axes import DEFAULT_RULES, MESH_AXES  # noqa: F401 (re-exported)
 
 Rules = Sequence[tuple[str, Any]]
 

@@ -23,6 +23,7 @@ from typing import Any
 from mpa_jax.envs.adb.shell import ShellSyntaxError, run_line
 from mpa_jax.envs.world import ENTITY_BY_TABLE
 from mpa_jax.envs.contract import Action, Task
+from mpa_jax.envs.context import ContextFormat
 from mpa_jax.envs.sandbox import SandboxEnv
 from mpa_jax.envs.world import parse_id
 
@@ -208,7 +209,10 @@ class DeviceShell:
 
     def _call(self, method: str, arg: str) -> Any:
         if method == "reset":
-            task = Task.from_json(arg)
+            # {"task": <Task>, "context": {"format", "reasoning"}}: the observation is rendered in the caller's format
+            req = json.loads(arg)
+            task = Task.from_dict(req["task"])
+            self.env.context = ContextFormat(**req.get("context", {}))
             obs = self.env.reset(task)
             self._started = True
             return {"observation": obs, "persona_seed": task.persona_seed}

@@ -160,11 +160,20 @@ class EmulatedDevice:
         self._conns.clear()
 
     def stop(self) -> None:
+        """Close the listener and every connection; the port is free again when this returns."""
         self.stopping.set()
+        try:
+            # shutdown wakes the accept thread: a bare close() leaves the kernel socket (and the port) held
+            # by the blocked accept, so a device restarted on the same port could not bind
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self._listener.close()
         except OSError:
             pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         self.drop_connections()
         self.shell.close()
 

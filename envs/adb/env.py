@@ -8,9 +8,14 @@ battery level) and scores it with the same
 `verify_episode` the sandbox uses, against the start state rebuilt on the host.
 
 Every command is an argv joined with `shlex.quote`, so no argument is ever interpreted by the device
-shell. Faults never become rewards: a lost device or adb server, a command timeout or output the parser
-does not recognise turns into INFRA/TIMEOUT Feedback, marks the episode infra (every later step answers
-INFRA, `verify()` answers `infra_error=True`), and the next `reset` reconnects with exponential backoff.
+shell. Every exchange with the adb server (each read of a shell stream included) is bounded by
+`command_timeout_s`, so a frozen device costs one timeout, never a hang. Faults never become rewards: a
+lost device or adb server, a command timeout or output the parser does not recognise turns into
+INFRA/TIMEOUT Feedback, marks the episode infra (every later step answers INFRA, `verify()` answers
+`infra_error=True`), and the next `reset` reconnects with exponential backoff (an offline or suspect TCP
+serial is disconnected first: `adb connect` answers "already connected" for an offline one). A device
+still unreachable after the reconnect attempts raises `DeviceUnavailable` (an `envs.base.EnvUnavailable`):
+a run stops on it instead of paying the reconnect time for every remaining task.
 """
 from __future__ import annotations
 
@@ -24,22 +29,34 @@ import time
 from typing import Any, Sequence
 
 from mpa_jax.envs.adb.device import AUTHORITY, EPISODE_URI, STATE_URI
+from mpa_jax.envs.base import EnvUnavailable
 from mpa_jax.envs.catalog import ENTITY_BY_NAME
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Task, ToolSpec, Verification
+from mpa_jax.envs.context import ContextFormat
 from mpa_jax.envs.sandbox import task_tool_specs
 from mpa_jax.envs.verify import verify_episode
 from mpa_jax.envs.world import World
 
 MAX_COMMAND_BYTES = 60_000  # the adb server's request length field is 4 hex digits
 _RESULT = re.compile(r"^Result: Bundle\[\{result=(.*)\}\]\s*$", re.S)
+# The exit-status marker of adbutils' shell v1 (`CMD; echo X4EXIT:$?`): the device runs the same `echo`
+# whether the env or adbutils opens the stream.
+_EXIT = "X4EXIT:"
 
 
 class DeviceFault(Exception):
-    """The device or the adb server failed (not the policy's fault). `code` is INFRA or TIMEOUT."""
+    """The device or the adb server failed (not the policy's fault). `code` is INFRA or TIMEOUT;
+    `transport` is True when the device or the server could not be reached at all (a timeout, a closed
+    connection), False when it answered something wrong."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, transport: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.transport = transport
+
+
+class DeviceUnavailable(DeviceFault, EnvUnavailable):
+    """The device is still not online after the reconnect attempts: no episode can run on it."""
 
 
 def quote_argv(argv: Sequence[str]) -> str:
@@ -80,12 +97,14 @@ def parse_rows(text: str) -> list[dict[str, Any]]:
     return rows
 
 
-def adb_client(port: int | None = None, host: str = "127.0.0.1") -> Any:
+def adb_client(port: int | None = None, host: str = "127.0.0.1", timeout: float | None = None) -> Any:
     """An adbutils client for the adb server on `port` (default: $ANDROID_ADB_SERVER_PORT or 5037).
 
-    Two departures from adbutils' defaults: a lost server is an error here (adbutils would silently run
-    `adb start-server` on the DEFAULT port, not ours; `AdbEnv.ensure_connected` restarts the right one),
-    and closing a finished stream skips adbutils' fixed 10 ms sleep (measured in bench/adb.py).
+    Three departures from adbutils' defaults: a lost server is an error here (adbutils would silently run
+    `adb start-server` on the DEFAULT port, not ours; `AdbEnv.ensure_connected` restarts the right one);
+    closing a finished stream skips adbutils' fixed 10 ms sleep (measured in bench/adb.py); and every
+    connection gets a socket timeout (`timeout` when the caller passes none: adbutils leaves `list`,
+    `disconnect` and `server_version` unbounded, and opens shells with its 600 s default).
     """
     import adbutils
     from adbutils._adb import AdbConnection
@@ -111,17 +130,19 @@ def adb_client(port: int | None = None, host: str = "127.0.0.1") -> Any:
                 conn = _Connection(self.host, self.port)
             except TimeoutError:
                 raise adbutils.AdbTimeout("connect to adb server timeout") from None
+            timeout = timeout or default_timeout
             if timeout:
                 conn.conn.settimeout(timeout)
             return conn
 
+    default_timeout = timeout
     port = int(port or os.environ.get("ANDROID_ADB_SERVER_PORT", 5037))
     return _Client(host=host, port=port)
 
 
-def start_adb_server(port: int, adb: str = "adb") -> None:  # noqa: D103
+def start_adb_server(port: int, adb: str = "adb", timeout: float = 30.0) -> None:
     """Start (or find running) the real adb server on `port`."""
-    subprocess.run([adb, "-P", str(port), "start-server"], check=True, capture_output=True, timeout=30)
+    subprocess.run([adb, "-P", str(port), "start-server"], check=True, capture_output=True, timeout=timeout)
 
 
 class AdbEnv:
@@ -130,46 +151,106 @@ class AdbEnv:
     kind = "adb"
 
     def __init__(self, device: str = "", serial: str = "", adb_port: int | None = None, command_timeout_s: float = 10.0,
-                 reconnect_attempts: int = 5, backoff_s: float = 0.05, start_server: bool = True) -> None:
+                 reconnect_attempts: int = 5, backoff_s: float = 0.75, start_server: bool = True,
+                 context: ContextFormat | None = None) -> None:
         self.serial = serial or device
+        self.context = context or ContextFormat()
         if not self.serial:
             raise ValueError("AdbEnv needs a device serial (config.envs.adb.device or --device)")
         self.adb_port = int(adb_port or os.environ.get("ANDROID_ADB_SERVER_PORT", 5037))
         self.command_timeout_s = float(command_timeout_s)
         self.reconnect_attempts = int(reconnect_attempts)
         self.backoff_s = float(backoff_s)
+        if not self.command_timeout_s > 0:
+            raise ValueError(f"config.envs.adb.command_timeout_s must be > 0, got {command_timeout_s!r}")
+        if self.reconnect_attempts < 1:
+            raise ValueError(f"config.envs.adb.reconnect_attempts must be >= 1, got {reconnect_attempts!r}")
         self.start_server = start_server
-        self.client = adb_client(self.adb_port)
+        self.client = adb_client(self.adb_port, timeout=self.command_timeout_s)
         self.task: Task | None = None
         self.ledger: list[dict[str, Any]] = []
         self.final_message: str | None = None
         self.infra: str = ""  # why the episode is infra ("" while it is clean)
         self.commands = 0
         self.command_s = 0.0
-        self.reconnects = 0
+        self.reconnects = 0  # reconnect procedures run by `ensure_connected`
         self._attached = False
+        # Set by a transport fault: the adb server may still list the device as online (a frozen device keeps
+        # its TCP connection), so the next `ensure_connected` reconnects instead of trusting that listing.
+        self._suspect = False
 
     # ------------------------------------------------------------------ transport
     def shell(self, argv: Sequence[str], timeout: float | None = None) -> str:
-        """Run argv on the device (quoted); raises DeviceFault on any transport problem or a non-zero exit."""
+        """Run argv on the device (quoted) within `timeout` (default `command_timeout_s`) in all; raises
+        DeviceFault on any transport problem (TIMEOUT past the limit) or a non-zero exit."""
         import adbutils
 
         line = quote_argv(argv)
         if len(line.encode()) > MAX_COMMAND_BYTES:
             raise ValueError(f"command of {len(line.encode())} bytes exceeds the adb limit of {MAX_COMMAND_BYTES}")
+        limit = float(timeout or self.command_timeout_s)
         t0 = time.perf_counter()
         try:
-            res = self.client.device(self.serial).shell2(line, timeout=timeout or self.command_timeout_s, v2=False)
-        except adbutils.AdbTimeout as e:
-            raise DeviceFault(ErrorCode.TIMEOUT, f"device command timed out after {timeout or self.command_timeout_s}s: {e}") from None
+            returncode, output = self._shell_stream(line, limit)
+        except (adbutils.AdbTimeout, TimeoutError):
+            self._suspect = True
+            raise DeviceFault(ErrorCode.TIMEOUT, f"device {self.serial} did not answer `{argv[0]}` within {limit:g} s"
+                                                 " (command_timeout_s)", transport=True) from None
         except (adbutils.AdbError, OSError, EOFError, ValueError) as e:
-            raise DeviceFault(ErrorCode.INFRA, f"device {self.serial} unreachable: {type(e).__name__}: {e}") from None
+            self._suspect = True
+            raise DeviceFault(ErrorCode.INFRA, f"device {self.serial} unreachable: {type(e).__name__}: {e}",
+                              transport=True) from None
         finally:
             self.commands += 1
             self.command_s += time.perf_counter() - t0
-        if res.returncode != 0:
-            raise DeviceFault(ErrorCode.INFRA, f"`{argv[0]}` exited {res.returncode}: {res.output.strip()[:200]}")
-        return res.output
+        if returncode != 0:
+            raise DeviceFault(ErrorCode.INFRA, f"`{argv[0]}` exited {returncode}: {output.strip()[:200]}")
+        return output
+
+    def _shell_stream(self, line: str, limit: float) -> tuple[int, str]:
+        """(exit status, output) of one `shell:` stream through the adb server, done within `limit` seconds.
+
+        adbutils' `shell2` sets its timeout only after `open_shell`'s OKAY, and a frozen device never sends
+        that OKAY (the adb server forwards the OPEN and waits): here the socket timeout is the time left
+        before the deadline, set before every send and read.
+        """
+        deadline = time.monotonic() + limit
+        conn = self.client.make_connection(timeout=limit)
+        sock = conn.conn
+
+        def bound() -> None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+
+        try:
+            bound()
+            conn.send_command(f"host:transport:{self.serial}")
+            bound()
+            conn.check_okay()
+            bound()
+            conn.send_command(f"shell:{line}; echo {_EXIT}$?")
+            bound()
+            conn.check_okay()
+            chunks = []
+            while True:
+                bound()
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            conn.close()
+        out = b"".join(chunks)
+        at = out.rfind(_EXIT.encode())
+        if at < 0:  # the stream closed before the exit status: the device went away mid-command
+            raise EOFError("the shell stream closed before the command's exit status")
+        try:
+            status = int(out[at + len(_EXIT):].strip())
+        except ValueError:
+            raise EOFError("the shell stream ended inside the command's exit status") from None
+        return status, out[:at].decode("utf-8", errors="replace")
 
     def _content_call(self, method: str, arg: str) -> Any:
         out = self.shell(["content", "call", "--uri", EPISODE_URI, "--method", method, "--arg", arg])
@@ -181,44 +262,88 @@ class AdbEnv:
         except json.JSONDecodeError as e:
             raise DeviceFault(ErrorCode.INFRA, f"unexpected output from the companion provider: {e}") from None
 
+    def state(self) -> str | None:
+        """The device's state as the adb server lists it ("device", "offline", "unauthorized", ...), "" when
+        it is not listed, None when the adb server cannot be reached."""
+        try:
+            for d in self.client.list():
+                if d.serial == self.serial:
+                    return str(d.state)
+            return ""
+        except Exception:  # noqa: BLE001 - a dead, frozen or restarting server: the caller starts or waits
+            return None
+
     def connected(self) -> bool:
         """True when the adb server lists the device as online."""
-        try:
-            return any(d.serial == self.serial and d.state == "device" for d in self.client.list())
-        except Exception:
-            return False
+        return self.state() == "device"
 
     def ensure_connected(self) -> None:
-        """Reconnect with exponential backoff: restart the local adb server if it is gone, `adb connect` TCP serials."""
-        delay = self.backoff_s
+        """Make sure the device is online, reconnecting with exponential backoff when it is not.
+
+        Each attempt restarts the local adb server if it is gone and, for a TCP serial, first `adb
+        disconnect`s it when it is listed but offline (or suspect after a transport fault): `adb connect`
+        answers "already connected" for an offline serial and the server's own reconnect takes ~10 s,
+        while disconnect + connect reaches a restarted device at once. The waits (`backoff_s`, doubling:
+        0.75 + 1.5 + 3 + 6 s for the default 5 attempts) outlast that reconnect, for a device that takes
+        a while to come back. Raises DeviceUnavailable when the device is still not online.
+        """
+        force = self._suspect
+        state = self.state()
+        if state == "device" and not force:
+            return
+        self.reconnects += 1
+        delay, waited, last = self.backoff_s, 0.0, ""
         for attempt in range(self.reconnect_attempts):
-            if self.connected():
+            if attempt:
+                state = self.state()
+            if state == "device" and not (force and attempt == 0):
+                self._suspect = False
                 return
-            self.reconnects += attempt == 0
-            try:
-                if self.start_server:
-                    start_adb_server(self.adb_port)
-                if ":" in self.serial:
-                    self.client.connect(self.serial, timeout=5)
-            except Exception:
-                pass
+            last = self._reconnect(state, force=force and attempt == 0) or last
             if self.connected():
+                self._suspect = False
                 return
-            time.sleep(delay)
-            delay *= 2
-        raise DeviceFault(ErrorCode.INFRA, f"device {self.serial} is not online after {self.reconnect_attempts} attempts")
+            if attempt + 1 < self.reconnect_attempts:
+                time.sleep(delay)
+                waited += delay
+                delay *= 2
+        self._suspect = False  # the next reset starts a fresh reconnect, not a forced one
+        raise DeviceUnavailable(ErrorCode.INFRA, f"device {self.serial} is not online after {self.reconnect_attempts}"
+                                                 f" reconnect attempts over {waited:.1f} s" + (f" ({last})" if last else ""),
+                                transport=True)
+
+    def _reconnect(self, state: str | None, force: bool = False) -> str:
+        """One reconnect attempt; returns what the adb server said (or why the attempt failed)."""
+        import adbutils
+
+        try:
+            if state is None and self.start_server:
+                start_adb_server(self.adb_port, timeout=max(self.command_timeout_s, 10.0))
+            if ":" not in self.serial:
+                return f"{self.serial} is not a TCP serial: waiting for it to come back"  # USB: nothing to connect
+            if state or force:  # listed (offline, or online but suspect): drop it so that connect reconnects
+                self.client.disconnect(self.serial)
+            return str(self.client.connect(self.serial, timeout=min(self.command_timeout_s, 5.0)) or "").strip()
+        except (adbutils.AdbError, OSError, subprocess.SubprocessError) as e:
+            return f"{type(e).__name__}: {e}"
 
     # ------------------------------------------------------------------ protocol
     def tool_specs(self, task: Task) -> list[ToolSpec]:
         return task_tool_specs(task)
 
     def reset(self, task: Task) -> dict[str, Any]:
-        """Reset the device to the task's start state; returns the observation. Raises DeviceFault when offline."""
+        """Reset the device to the task's start state; returns the observation.
+
+        Raises DeviceUnavailable (an `EnvUnavailable`) when the device is not online after the reconnect
+        attempts, DeviceFault when a reset command fails (the next reset reconnects first).
+        """
         self.task, self.ledger, self.final_message, self.infra = task, [], None, ""
         self.ensure_connected()
         self.shell(["input", "keyevent", "KEYCODE_HOME"])
         self.shell(["am", "force-stop", AUTHORITY])
-        res = self._content_call("reset", task.to_json())
+        # the task's JSON keeps its gold argument order; the device renders the observation in this run's format
+        arg = '{"context":' + json.dumps(self.context.to_dict()) + ',"task":' + task.to_json() + "}"
+        res = self._content_call("reset", arg)
         if not isinstance(res, dict) or not isinstance(res.get("observation"), dict):
             raise DeviceFault(ErrorCode.INFRA, "the companion answered reset without an observation")
         return res["observation"]

@@ -4,8 +4,10 @@
     adb connect 127.0.0.1:5555
     mpa device call --device 127.0.0.1:5555 --tool search_contacts --args '{"query": "Alex"}'
 
-`call` starts an episode of a task that allows the tool (`--task ID`, default: the first test task that
-does) unless `--no-reset` continues the episode already on the device; it prints the Feedback as JSON.
+`call` starts an episode (by default one that offers the whole tool catalog on persona 0's world, so
+later `--no-reset` calls may use any tool; `--task ID` runs that task instead, with its own tools) unless
+`--no-reset` continues the episode already on the device. It prints the Feedback as JSON and exits 0 when
+the call succeeded, 1 on error Feedback (as `mpa harness call`), 2 on bad input or an unreachable device.
 No jax is imported here.
 """
 from __future__ import annotations
@@ -22,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adb-port", type=int, default=None, help="adb server port (default: config.envs.adb.adb_port)")
     parser.add_argument("--tool", default=None, help="call: tool name")
     parser.add_argument("--args", default="{}", help="call: tool arguments as a JSON object")
-    parser.add_argument("--task", default=None, help="call: id of the task whose episode to start (default: a test task allowing the tool)")
-    parser.add_argument("--split", default="test", help="call: split to find the task in (default: test)")
+    parser.add_argument("--task", default=None, help="call: id of the task whose episode to start (default: an episode offering the whole catalog)")
+    parser.add_argument("--split", default="test", help="call --task: split to find the task in (default: test)")
+    parser.add_argument("--persona", type=int, default=0, help="call: persona seed of the catalog episode's world (default 0)")
     parser.add_argument("--no-reset", action="store_true", help="call: continue the episode already running on the device")
 
 
@@ -43,6 +46,16 @@ def run(args: argparse.Namespace, config: Any) -> int:
     return _call(args, config, UserError)
 
 
+def catalog_task(persona_seed: int = 0) -> Any:
+    """A task that offers every catalog tool and checks nothing: the episode `mpa device call` starts
+    when no `--task` is given, so a later `--no-reset` call may use any tool."""
+    from mpa_jax.envs import Task
+    from mpa_jax.envs.tools import TOOLS
+
+    return Task(id="device-call", domain="utilities", category="tool_use", difficulty=1, instruction="",
+                tools=sorted(TOOLS), verifier={}, gold=[], persona_seed=int(persona_seed))
+
+
 def _call(args: argparse.Namespace, config: Any, UserError: type) -> int:
     from mpa_jax.envs import Action, load_tasks
     from mpa_jax.envs.adb.env import AdbEnv, DeviceFault
@@ -59,19 +72,26 @@ def _call(args: argparse.Namespace, config: Any, UserError: type) -> int:
     if not serial:
         raise UserError("--device is required (or set config.envs.adb.device)")
     port = args.adb_port or int(config.envs.adb.adb_port)
-    env = AdbEnv(serial, adb_port=port, command_timeout_s=float(config.envs.adb.command_timeout_s))
+    if args.task and args.no_reset:
+        raise UserError("--task starts a new episode; --no-reset continues the one on the device: pass one of them")
+    kw = {k: config.envs.adb[k] for k in ("reconnect_attempts", "backoff_s") if k in config.envs.adb}
+    try:
+        env = AdbEnv(serial, adb_port=port, command_timeout_s=float(config.envs.adb.command_timeout_s), **kw)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     try:
         if args.no_reset:
             env.attach()
         else:
-            tasks = load_tasks(args.split)
-            task = next((t for t in tasks if (t.id == args.task if args.task else args.tool in t.tools)), None)
-            if task is None:
-                raise UserError(f"no task {args.task!r} in split {args.split}" if args.task
-                                else f"no {args.split} task allows tool {args.tool!r}")
+            if args.task:
+                task = next((t for t in load_tasks(args.split) if t.id == args.task), None)
+                if task is None:
+                    raise UserError(f"no task {args.task!r} in split {args.split}")
+            else:
+                task = catalog_task(args.persona)
             env.reset(task)
         fb = env.step(Action.tool_call(args.tool, tool_args))
     except DeviceFault as e:
-        raise UserError(f"device {serial}: {e}") from None
+        raise UserError(str(e) if serial in str(e) else f"device {serial}: {e}") from None
     print(json.dumps(fb.to_dict(), ensure_ascii=False, indent=2, sort_keys=True))
-    return 0
+    return 0 if fb.ok else 1

@@ -1,10 +1,11 @@
-"""`mpa experiment care-vs-vanilla --config ... [--init DIR] [--seeds N]`: named experiments (see `mpa_jax.rl.experiment`)."""
+"""`mpa experiment care-vs-vanilla|rl-lift --config ... [--init DIR] [--seeds N]`: named experiments
+(`mpa_jax.rl.experiment`, `mpa_jax.rl.lift`)."""
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-EXPERIMENTS = ("care-vs-vanilla",)
+EXPERIMENTS = ("care-vs-vanilla", "rl-lift")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,6 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the SFT checkpoint both algorithms start from (HF dir or orbax run dir); "
                              "default: oracle demonstrations of config.rl.templates + SFT, made into <workdir>/sft")
     parser.add_argument("--seeds", type=int, default=2, help="seeds per algorithm (config.seed, config.seed+1, ...)")
+    parser.add_argument("--algos", default="care", help="rl-lift: comma-separated arms (care, vanilla)")
+    parser.add_argument("--eval-every", type=int, default=25, help="rl-lift: RL steps between greedy dev evaluations")
+    parser.add_argument("--seen", type=int, default=96, help="rl-lift: dev tasks of templates seen in training")
+    parser.add_argument("--held-out", type=int, default=48, help="rl-lift: dev tasks of held-out templates")
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
@@ -20,10 +25,22 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     if args.name not in EXPERIMENTS:
         raise UserError(f"unknown experiment {args.name!r}; known: {', '.join(EXPERIMENTS)}")
-    from mpa_jax.rl.experiment import care_vs_vanilla, table
     from mpa_jax.train import CheckpointError
 
     try:
+        if args.name == "rl-lift":
+            from mpa_jax.rl.lift import rl_lift, table
+
+            algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+            if not args.init or any(a not in ("care", "vanilla") for a in algos):
+                raise UserError("rl-lift needs --init DIR and --algos from care, vanilla")
+            summary = rl_lift(config, args.workdir, init=args.init, seeds=args.seeds, algos=algos, eval_every=args.eval_every,
+                              n_seen=args.seen, n_held_out=args.held_out)
+            print(table(summary))
+            print(f"plot {summary['png']}   summary {args.workdir}/summary.json")
+            return 0
+        from mpa_jax.rl.experiment import care_vs_vanilla, table
+
         summary = care_vs_vanilla(config, args.workdir, init=args.init, seeds=args.seeds)
     except (CheckpointError, ValueError) as e:
         raise UserError(str(e)) from None

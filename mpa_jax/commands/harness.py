@@ -6,7 +6,9 @@
     mpa harness review [--approve ID]... [--reject ID]... [--by NAME] [--note TEXT] [--all] [--root DIR]
     mpa harness eval [--planner oracle|openai] [--url URL] [--split dev] [--max-tasks N] [--json]
 
-MCP servers start as subprocesses (never through a shell); `--mcp` adds to `config.harness.mcp`.
+MCP servers start as subprocesses (never through a shell); each `--mcp` adds one entry to
+`config.harness.mcp` (a command, optionally led by name=/prefix=/rename=/allow= options, or a JSON
+object; docs/harness.md). Their stderr goes to `config.harness.mcp_log`, by default <workdir>/mcp.log.
 `review` approves or rejects pending proposals by id and then writes a new harness version from the
 approved ones; `config.harness.review.policy=auto` (experiments) approves at mining time and the
 version's manifest records it.
@@ -15,8 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
+import os
 from typing import Any
 
 ACTIONS = ("tools", "call", "mine", "review", "eval")
@@ -24,7 +25,9 @@ ACTIONS = ("tools", "call", "mine", "review", "eval")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=ACTIONS, help="what to do")
-    parser.add_argument("--mcp", action="append", default=[], metavar="CMD", help='an MCP server command, e.g. "python srv.py" (repeatable)')
+    parser.add_argument("--mcp", action="append", default=[], metavar="ENTRY",
+                        help='an MCP server: "CMD ARGS", optionally led by name=N prefix=P rename=OLD:NEW allow=a,b,'
+                             ' or a JSON object {"command": [...], ...} (repeatable; each is one server)')
     parser.add_argument("--allow", default=None, help="comma-separated MCP tools to allow (default config.harness.mcp_allow)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--query", default=None, help="tools: show the catalog tools retrieved for this request")
@@ -51,15 +54,18 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     try:
         cfg = HarnessConfig.from_config(config)
-        if args.mcp:
-            extra = " ; ".join(args.mcp)
-            cfg.mcp = f"{cfg.mcp} ; {extra}" if cfg.mcp.strip() else extra
-            cfg.mcp_commands  # noqa: B018 - split now so a bad command is a user error
+        cfg.mcp = list(cfg.mcp) + list(args.mcp)  # one entry per --mcp: never joined, never split again
+        cfg.mcp_servers  # noqa: B018 - parse now so a bad entry is a user error
         if args.allow is not None:
             cfg.mcp_allow = args.allow
+        if not cfg.mcp_log:
+            cfg.mcp_log = os.path.join(args.workdir, "mcp.log")  # the run's log, not the terminal
     except HarnessConfigError as e:
         raise UserError(str(e)) from None
     root = args.root or cfg.root
+    from mpa_jax.envs.context import ContextFormat
+
+    args.context = ContextFormat.from_config(config)  # the envs `eval` builds show the config's format
     return {"tools": _tools, "call": _call, "mine": _mine, "review": _review, "eval": _eval}[args.action](args, cfg, root)
 
 
@@ -98,8 +104,6 @@ def _tools(args: argparse.Namespace, cfg: Any, root: str) -> int:
 
 def _call(args: argparse.Namespace, cfg: Any, root: str) -> int:
     from mpa_jax.cli import UserError
-    from mpa_jax.harness.registry import unknown_tool_feedback
-    from mpa_jax.harness.runtime import _call_provider
 
     if not args.tool:
         raise UserError("harness call needs --tool NAME")
@@ -111,18 +115,40 @@ def _call(args: argparse.Namespace, cfg: Any, root: str) -> int:
         raise UserError("--args must be a JSON object")
     session = _session(cfg)
     try:
-        reg = session.registry
-        if args.tool not in reg:
-            fb = unknown_tool_feedback(args.tool, "call_0", reg.suggest(args.tool))
-        else:
-            from mpa_jax.harness.normalise import normalise_arguments
-
-            call_args, _ = normalise_arguments(call_args, reg.spec(args.tool).parameters, session.version.rewrites, args.tool)
-            fb = _call_provider(reg.provider(args.tool), args.tool, call_args, "call_0")
+        fb = harness_call(session, args.tool, call_args)
         print(json.dumps(fb.to_dict(), sort_keys=True))
     finally:
         session.close()
     return 0 if fb.ok else 1
+
+
+def harness_call(session: Any, tool: str, call_args: dict[str, Any], call_id: str = "call_0") -> Any:
+    """One call the way the harness makes it in an episode (docs/harness.md, "Per turn"): unknown -> UNKNOWN_TOOL
+    with suggestions; arguments normalised against the schema (and approved rewrites); a provider tool's
+    arguments validated by the harness before the provider sees them (INVALID_ARGUMENTS with the schema
+    hint); a tool off an MCP allow-list refused (PERMISSION_DENIED); the answer capped at
+    `harness.max_result_chars`. Sandbox tools run in a fresh sandbox world, which validates them itself."""
+    import dataclasses
+
+    from mpa_jax.envs import ErrorCode, Feedback
+    from mpa_jax.harness.normalise import normalise_arguments, schema_hint
+    from mpa_jax.harness.registry import unknown_tool_feedback
+    from mpa_jax.harness.runtime import HINTS, _call_provider
+
+    reg = session.registry
+    if tool not in reg:
+        return unknown_tool_feedback(tool, call_id, reg.suggest(tool))
+    provider = reg.provider(tool)
+    if session.cfg.normalise and not reg.is_refused(tool):
+        call_args, _ = normalise_arguments(call_args, reg.spec(tool).parameters, session.version.rewrites, tool)
+    if provider.source != "sandbox":
+        err = reg.validate(tool, call_args)
+        if err:
+            return Feedback.error(ErrorCode.INVALID_ARGUMENTS, err, call_id, f"{tool}: {schema_hint(reg.spec(tool).parameters)}")
+    fb = _call_provider(provider, tool, call_args, call_id, max_chars=int(session.cfg.max_result_chars))
+    if not fb.ok and fb.error_code is not None and not fb.hint:
+        fb = dataclasses.replace(fb, hint=HINTS.get(ErrorCode(fb.error_code), ""))
+    return fb
 
 
 def _store(root: str) -> Any:
@@ -226,14 +252,15 @@ def _eval(args: argparse.Namespace, cfg: Any, root: str) -> int:
     }
     results = {}
     for label, hcfg in settings.items():
-        session = HarnessSession(hcfg) if hcfg is not None else None
+        new_env = lambda: make_env("sandbox", context=args.context)  # noqa: E731
+        session = HarnessSession(hcfg, env_factory=new_env) if hcfg is not None else None
         t0 = time.perf_counter()
         succ = infra = 0
         for task in tasks:
-            env = session.env_factory() if session is not None else make_env("sandbox")
+            env = session.env_factory() if session is not None else new_env()
             version = session.version_label if session is not None else "none"
             if args.planner == "oracle":
-                traj = oracle_trajectory(env, task, harness_version=version)
+                traj = oracle_trajectory(env, task, harness_version=version, reasoning=args.context.reasoning)
             else:
                 from mpa_jax.harness.planners import OpenAIChatPlanner
 

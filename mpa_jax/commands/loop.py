@@ -20,33 +20,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="starter planner directory to start from (default: config.demo.starter when set; '' = from scratch)")
 
 
-def use_starter(config: Any, starter_arg: str | None) -> str | None:
-    """Point `config` at the shipped starter planner (issue 12's `mpa_jax.commands.demo` helpers: model
-    shape, weights, tokenizer, context format) when one is named and present; returns its directory."""
-    from mpa_jax.commands import demo
+def use_starter(config: Any, starter_arg: str | None) -> tuple[Any, str | None]:
+    """(config pointed at the starter planner, its directory) when one is named (`--starter`, else
+    `config.demo.starter`) and present; (config, None) to train from scratch."""
+    from mpa_jax.sft.starter import StarterError, find_starter, load_starter, with_starter
 
-    if not all(hasattr(demo, n) for n in ("find_starter", "load_starter", "apply_starter")):
-        if starter_arg:
-            raise UserError(f"--starter {starter_arg}: this build has no starter planner support (issue 12)")
-        return None
     explicit = starter_arg is not None
     if starter_arg is None:
-        starter_arg = str(config.get("demo", {}).get("starter", "") or "")
-    path = demo.find_starter(starter_arg) if starter_arg else None
+        starter_arg = str(config.demo.starter)
+    path = find_starter(starter_arg) if starter_arg else None
     if starter_arg and path is None:
         if explicit:
             raise UserError(f"--starter {starter_arg}: no config.json there")
-        return None  # the config's default starter is not built here: from scratch, as the demo does
-    if path is not None:
-        demo.apply_starter(config, demo.load_starter(path))
-    return path
+        return config, None  # the config's default starter is not built here: from scratch, as the demo does
+    if path is None:
+        return config, None
+    try:
+        return with_starter(config, load_starter(path)), path
+    except StarterError as e:
+        raise UserError(str(e)) from None
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
     from rich.console import Console
 
-    from mpa_jax.loop import STATE_FILE, format_headline, run_loop
-    from mpa_jax.rollout.run import RolloutSetupError
+    from mpa_jax.loop import STATE_FILE, run_loop
+    from mpa_jax.report import format_headline
+    from mpa_jax.rl.trainer import RLSetupError
+    from mpa_jax.rollout.engines import RolloutSetupError
 
     if args.rounds is not None:
         if args.rounds < 0:
@@ -61,20 +62,13 @@ def run(args: argparse.Namespace, config: Any) -> int:
             elif os.path.exists(p):
                 os.remove(p)
     console = Console()
-    starter = use_starter(config, args.starter)
+    config, starter = use_starter(config, args.starter)
     console.print(f"starting from the starter planner {starter}" if starter else "starting from scratch (no starter planner)")
     from mpa_jax.sft.data import DataError
 
-    setup_errors: tuple[type[BaseException], ...] = (RolloutSetupError, DataError)
-    try:
-        from mpa_jax.rl.trainer import RLSetupError
-
-        setup_errors += (RLSetupError,)
-    except ImportError:  # RL not in this build: its stage is skipped with the reason
-        pass
     try:
         summary = run_loop(config, args.workdir, console=console)
-    except setup_errors as e:  # a config that does not fit (data, model, RL settings): one line, the run dir kept for resume
+    except (RolloutSetupError, DataError, RLSetupError) as e:  # a config that does not fit (data, model, RL settings): one line, the run dir kept for resume
         raise UserError(str(e)) from None
     console.rule("[bold]headline")
     console.print(format_headline(summary), highlight=False, soft_wrap=True)  # a table: never re-wrapped

@@ -14,13 +14,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.cli import UserError
-    from mpa_jax.rl.trainer import run_rl
+    from mpa_jax.rl.trainer import RLDiverged, run_rl
     from mpa_jax.train import CheckpointError
 
     try:
         result = run_rl(config, args.workdir, init=args.init, max_steps=args.max_steps)
     except (CheckpointError, ValueError) as e:  # bad config key value, checkpoint or init dir: one line
         raise UserError(str(e)) from None
+    except RLDiverged as e:
+        print(f"mpa rl: stopped: {e}")
+        return 1
     last = result.history[-1] if result.history else {}
     print(f"rl steps {result.steps}" + (f" (resumed from {result.resumed_from})" if result.resumed_from is not None else "")
           + f"  weight version {result.weight_version}"

@@ -1,8 +1,8 @@
-"""`mpa rollout --config ... [--checkpoint DIR] [--split dev] [--out FILE]`: the agent loop over a task split.
+"""`mpa rollout --config ... [--checkpoint DIR] [--split dev] [--out FILE]`: episodes over a task split.
 
-Writes one Trajectory per task (JSONL) and `<FILE without .jsonl>.summary.json` with success overall,
-by domain and by category; prints the summary. Without --checkpoint the config's model runs with
-random weights (the untrained baseline).
+Writes one Trajectory per task (JSONL) and `<FILE without .jsonl>.summary.json` (the metrics of
+`mpa_jax.eval.metrics`: success overall, by template group, category and domain, costs); prints them.
+Without --checkpoint the config's model runs with random weights (the untrained baseline).
 """
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import argparse
 import os
 from typing import Any
 
-from mpa_jax.commands.oracle import add_env_arguments, apply_env_arguments
 from mpa_jax.envs.contract import SPLITS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mpa_jax.cli import add_env_arguments
+
     parser.add_argument("--checkpoint", default=None, help="exported Hugging Face checkpoint directory (default: untrained model)")
     parser.add_argument("--split", default=None, help="task split (train|dev|test) or a task JSONL path (default: config.rollout.split)")
     parser.add_argument("--out", default=None, help="trajectory JSONL to write (default: <workdir>/rollouts-<split>.jsonl)")
@@ -25,11 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError
-    from mpa_jax.rollout.run import RolloutSetupError, format_summary, run_rollouts
+    from mpa_jax.cli import UserError, apply_env_arguments
+    from mpa_jax.envs import load_tasks
+    from mpa_jax.eval import Evaluator, eval_metrics, format_eval
+    from mpa_jax.rollout.engines import RolloutSetupError
 
-    if apply_env_arguments(args, config) == "adb":
-        config.rollout.batch_size = 1  # one device holds one episode at a time
+    apply_env_arguments(args, config)
     split = args.split or str(config.rollout.split)
     if split not in SPLITS and not os.path.isfile(split):
         raise UserError(f"--split {split!r} is neither one of {', '.join(SPLITS)} nor a task JSONL file")
@@ -37,22 +39,25 @@ def run(args: argparse.Namespace, config: Any) -> int:
         raise UserError(f"--checkpoint {args.checkpoint} is not a directory")
     if args.max_tasks is not None and args.max_tasks < 0:
         raise UserError(f"--max-tasks must be >= 0, got {args.max_tasks}")
+    n = int(config.rollout.max_tasks if args.max_tasks is None else args.max_tasks)
+    tasks = load_tasks(split)
+    tasks = tasks[:n] if n > 0 else tasks
+    if not tasks:
+        raise UserError(f"--split {split!r} has no tasks")
     name = os.path.splitext(os.path.basename(split))[0]
     out = args.out or os.path.join(args.workdir, f"rollouts-{name}.jsonl")
+    label = os.path.basename(os.path.normpath(args.checkpoint)) if args.checkpoint else "untrained"
+    greedy = bool(config.rollout.greedy_eval) and not args.sample
     try:
-        summary = run_rollouts(
-            config,
-            args.checkpoint,
-            out_path=out,
-            workdir=args.workdir,
-            split=split,
-            max_tasks=args.max_tasks,
-            greedy=False if args.sample else None,
-            seed=args.seed,
-            label=os.path.basename(os.path.normpath(args.checkpoint)) if args.checkpoint else "untrained",
-        )
+        ev = Evaluator(config, tasks)
+        engine = ev.engine_for(args.checkpoint, args.workdir)
+        for p in (out, out[:-6] + ".summary.json" if out.endswith(".jsonl") else out + ".summary.json"):
+            if os.path.exists(p):  # a rollout command always runs again (an eval reuses complete runs)
+                os.remove(p)
+        trajs = ev.run(engine, out, greedy=greedy, seed=args.seed, label=label)
     except RolloutSetupError as e:
         raise UserError(str(e)) from None
-    print(format_summary(summary))
-    print(f"trajectories: {summary['out_path']}\nsummary: {summary['summary_path']}")
+    metrics = eval_metrics(trajs, prices=ev.prices)
+    print(format_eval({"k": 1, "tasks": len(tasks), "split": split, "harness": {"on" if config.harness.enabled else "off": metrics}}))
+    print(f"trajectories: {out}")
     return 0

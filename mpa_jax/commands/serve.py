@@ -1,7 +1,7 @@
 """`mpa serve --config ... --checkpoint DIR [--host H] [--port N]`: the embedded engine behind HTTP.
 
 Serves the SGLang-native subset (`/generate`, `/update_weights_from_disk`, `/flush_cache`, `/health`,
-`/health_generate`, `/model_info`) and OpenAI `POST /v1/chat/completions` (tools, streaming, n,
+`/health_generate`, `/model_info`, `/server_info`, `/get_load`: what sglang-router asks a worker) and OpenAI `POST /v1/chat/completions` (tools, streaming, n,
 logprobs, stop, seed) and `/v1/completions`; see `mpa_jax.rollout.server.app`. The engine never samples
 an id the tokenizer cannot decode. Binds 127.0.0.1 unless told otherwise. `--print-sglang` prints the
 equivalent `python -m sglang.launch_server` command for the checkpoint instead of serving.
@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, default=1, help="with --print-sglang: tensor-parallel size")
     parser.add_argument("--dp", type=int, default=1, help="with --print-sglang: data-parallel size")
     parser.add_argument("--mem-fraction", type=float, default=0.85, help="with --print-sglang: --mem-fraction-static")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="with --print-sglang: --enable-deterministic-inference (SGLang ignores per-request seeds without it)")
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
@@ -39,13 +41,13 @@ def run(args: argparse.Namespace, config: Any) -> int:
             raise UserError("--print-sglang needs --checkpoint (an exported HF directory)")
         try:
             cmd = sglang_launch_command(args.checkpoint, host=host, port=port or 30000, tp=args.tp, dp=args.dp,
-                                        mem_fraction=args.mem_fraction)
+                                        mem_fraction=args.mem_fraction, deterministic=args.deterministic)
         except ValueError as e:
             raise UserError(str(e)) from None
         print(format_command(cmd))
         return 0
 
-    from mpa_jax.rollout.run import RolloutSetupError, load_rollout_tokenizer, make_engine
+    from mpa_jax.rollout.engines import RolloutSetupError, load_rollout_tokenizer, make_engine
     from mpa_jax.rollout.server import create_app, serve_forever
 
     if str(config.rollout.engine) != "jax":
@@ -58,10 +60,15 @@ def run(args: argparse.Namespace, config: Any) -> int:
         engine = make_engine(config, args.checkpoint, tokenizer=tokenizer)
     except RolloutSetupError as e:
         raise UserError(str(e)) from None
+    from mpa_jax import tokenizer as tk
+
+    # Where the tokenizer came from, for `/server_info` (sglang-router registers it with the worker).
+    tok_dir = args.checkpoint if args.checkpoint and tk.is_tokenizer_dir(args.checkpoint) else None
     app = create_app(
         engine,
         tokenizer,
         model_path=os.path.abspath(args.checkpoint) if args.checkpoint else "",
+        tokenizer_path=os.path.abspath(tok_dir) if tok_dir else str(config.tokenizer.get("path", "") or ""),
         served_model_name=str(config.get("name", "mpa")),
         max_batch=int(config.serve.max_batch),
         default_max_new_tokens=int(config.serve.max_new_tokens),

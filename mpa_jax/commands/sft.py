@@ -42,33 +42,28 @@ def init_distributed(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.cli import UserError
-    from mpa_jax.envs import context
 
-    try:
-        context.configure(config)  # the same context format for the demonstrations and the success rollouts
-    except ValueError as e:
-        raise UserError(str(e)) from None
     data = args.data or str(config.sft.data or "")
     if not data and args.distributed:
         raise UserError("a multi-host run needs --data (make the trajectories once with `mpa oracle` first)")
     if not data:
         # no data given: make the oracle demonstrations the config describes, into the run directory
-        from mpa_jax.commands.oracle import make_oracle_trajectories
+        from mpa_jax.data import oracle_dataset
 
         try:
-            data = make_oracle_trajectories(config, args.workdir)
+            data, _, _ = oracle_dataset(config, args.workdir)
         except ValueError as e:
             raise UserError(str(e)) from None
     elif not os.path.isfile(data):
         raise UserError(f"SFT data file not found: {data}")
 
     init_distributed(args)
-    from mpa_jax.sft import DataError, run_sft
+    from mpa_jax.sft import DataError, SFTDiverged, run_sft
     from mpa_jax.train import CheckpointError
 
     on_eval = None
     if args.eval_success or args.eval_held_out:
-        from mpa_jax.sft.success import dev_subset, pass_ks, success_eval
+        from mpa_jax.eval import pass_ks, select_tasks, success_eval
         from mpa_jax.tokenizer import tokenizer_for_config
 
         if args.eval_split == str(config.oracle.split):
@@ -79,7 +74,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
             raise UserError(f"--eval-samples/--eval-pass-k: {e}") from None
         if args.eval_temperature is not None and args.eval_temperature <= 0:
             raise UserError(f"--eval-temperature {args.eval_temperature}: must be > 0 (greedy is always reported)")
-        tasks = dev_subset(args.eval_split, args.eval_success, args.eval_held_out, seed=int(config.tasks.seed))
+        tasks = select_tasks(args.eval_split, n_seen=args.eval_success, n_held_out=args.eval_held_out, seed=int(config.tasks.seed))
         on_eval = success_eval(config, tasks, tokenizer_for_config(config, args.workdir), os.path.join(args.workdir, "success"),
                                log=print, samples=max(0, args.eval_samples), ks=ks, temperature=args.eval_temperature)
     elif args.eval_samples or args.eval_pass_k:
@@ -88,6 +83,9 @@ def run(args: argparse.Namespace, config: Any) -> int:
         result = run_sft(config, args.workdir, data, export=args.export or None, max_steps=args.max_steps, on_eval=on_eval)
     except (DataError, CheckpointError, ValueError) as e:  # bad data, checkpoint or config value: one line
         raise UserError(str(e)) from None
+    except SFTDiverged as e:
+        print(f"mpa sft: stopped: {e}")
+        return 1
     import jax
 
     if jax.process_index() == 0:

@@ -29,8 +29,8 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
 
     if args.split not in SPLITS:
         raise UserError(f"--split must be one of {', '.join(SPLITS)}, got {args.split!r}")
-    seed = int(config.tasks.get("seed", 0))
-    per_template = int(config.tasks.get("per_template", 0))
+    seed = int(config.tasks.seed)
+    per_template = int(config.tasks.per_template)
     if per_template < 0:
         raise UserError(f"config.tasks.per_template must be >= 0, got {per_template}")
     out = args.out or os.path.join(args.workdir, f"tasks_{args.split}.jsonl")

@@ -26,22 +26,23 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
 
     from mpa_jax.cli import UserError
     from mpa_jax.tokenizer.build import _MIN_VOCAB
+    from mpa_jax.envs.context import ContextFormat
     from mpa_jax.tokenizer.corpus import build_project_tokenizer
 
     console = Console(stderr=True)
     out = args.out or os.path.join(args.workdir, "tokenizer")
-    max_tasks = int(config.tokenizer.get("corpus_tasks", 300)) if args.max_tasks is None else args.max_tasks
+    max_tasks = int(config.tokenizer.corpus_tasks) if args.max_tasks is None else args.max_tasks
     if max_tasks < 0 or (args.from_tasks and max_tasks == 0):
         raise UserError(f"--max-tasks must be >= {1 if args.from_tasks else 0}, got {max_tasks}")
     vocab_size = int(config.tokenizer.vocab_size)
     if vocab_size < _MIN_VOCAB:
         raise UserError(f"config.tokenizer.vocab_size must be >= {_MIN_VOCAB}, got {vocab_size}")
-    split = args.from_tasks or str(config.oracle.get("split", "train"))
+    split = args.from_tasks or str(config.oracle.split)
     t0 = time.perf_counter()
     with console.status(f"building the tokenizer ({vocab_size} ids) from split {split!r} and synthetic text"):
         try:
-            tok, meta = build_project_tokenizer(vocab_size, out, split=split, seed=int(config.get("seed", 0)),
-                                                max_tasks=max_tasks, require_tasks=bool(args.from_tasks))
+            tok, meta = build_project_tokenizer(vocab_size, out, split=split, seed=int(config.seed), max_tasks=max_tasks,
+                                                require_tasks=bool(args.from_tasks), context=ContextFormat.from_config(config))
         except (ValueError, FileNotFoundError) as e:  # a bad split name or path, as envs reports it
             raise UserError(f"--from-tasks {split!r}: {e}") from None
     console.print(

@@ -1,19 +1,31 @@
-"""Trajectory collection: the scripted oracle, a teacher endpoint, and the current policy.
+"""`Collector`: trajectories for training data from the scripted oracle, a teacher endpoint and the current policy.
 
-Every collector returns contract Trajectories with provenance `planner` = "oracle" | "teacher:<model>" |
-the policy's label, so curation and datasheets can tell the sources apart. Oracle and teacher episodes
-are text-level chats encoded once with the chat template (loss mask on assistant turns); policy
-episodes come from the agent loop token-in/token-out.
+    col = Collector(config, tok)                       # envs, context format and vocabulary from the config
+    demos = col.oracle(tasks, seed=0, variants=1)      # scripted demonstrations (mpa oracle, SFT data, the starter)
+    more = col.teacher(tasks, TeacherClient(url))      # any OpenAI-compatible endpoint
+    policy = col.policy(engine, tasks, out_path=...)   # the current policy through the episode runner
+
+Every trajectory has provenance `planner` = "oracle" | "teacher:<model>" | the policy's label, so curation
+and datasheets can tell the sources apart. Oracle and teacher episodes are text-level chats encoded once
+with the chat template (loss mask on assistant turns); policy episodes come from the `EpisodeRunner`,
+token-in/token-out. A task keeps its gold arguments in schema order through its JSON round trip
+(`Task.to_json`), so a demonstration does not depend on whether its task was generated or read back.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
 from typing import Any, Callable, Sequence
 
 from mpa_jax.envs.contract import Action, Step, Trajectory, Verification
+
+
+def episode_seed(base: int, task_index: int, variant: int) -> int:
+    """Distinct, reproducible oracle episode seeds per (base seed, task, variant)."""
+    return (base * 1_000_003 + task_index * 97 + variant) % (2**31)
 
 
 def _bar(total: int, label: str, enabled: bool) -> tuple[Any, Any] | None:
@@ -26,8 +38,11 @@ def _bar(total: int, label: str, enabled: bool) -> tuple[Any, Any] | None:
     return p, p.add_task(label, total=total)
 
 
-def _encode(tok: Any, task: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], steps: list[Step],
-            verification: Verification, planner: str, seed: int, vocab_limit: int | None) -> Trajectory:
+def encode_episode(tok: Any, task: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], steps: list[Step],
+                   verification: Verification, planner: str, seed: int, vocab_limit: int | None,
+                   env_kind: str = "sandbox") -> Trajectory:
+    """A text-level episode as a Trajectory: the chat rendered once by the template, the loss mask on
+    assistant turns, log-probs 0 (no behaviour policy)."""
     from mpa_jax.tokenizer import encode_chat
 
     ids, mask = encode_chat(tok, messages, tools)
@@ -39,38 +54,144 @@ def _encode(tok: Any, task: Any, messages: list[dict[str, Any]], tools: list[dic
         verification=verification,
         costs={"output_tokens": float(n_out), "input_tokens": float(len(ids) - n_out),
                "tool_calls": float(sum(1 for s in steps if s.action.kind == "tool_call"))},
-        provenance={"task": task.id, "env": "sandbox", "planner": planner, "weight_version": "", "harness_version": "",
+        provenance={"task": task.id, "env": env_kind, "planner": planner, "weight_version": "", "harness_version": "",
                     "template": task.template, "domain": task.domain, "category": task.category,
                     "difficulty": int(task.difficulty), "seed": seed},
         messages=list(messages), finish_reason="stop",
+        infra_failure=bool(verification is not None and verification.infra_error),
     )
 
 
-def collect_oracle(tasks: Sequence[Any], tok: Any, *, seed: int = 0, variants: int = 1, vocab_limit: int | None = None,
-                   progress: bool = False) -> list[Trajectory]:
-    """The oracle's demonstrations of `tasks` (`variants` differently seeded phrasings each), tool-call
-    arguments in schema order (`data.order`)."""
-    from mpa_jax.envs import make_env, run_oracle_episode
+def oracle_tasks(config: Any, split: str | None = None, max_tasks: int | None = None) -> list[Any]:
+    """The tasks `config.oracle` demonstrates: the first `max_tasks` (`config.oracle.max_tasks`; 0 = all) of
+    `split` (`config.oracle.split`; a split name or a task JSONL)."""
+    from mpa_jax.envs import load_tasks
 
-    from mpa_jax.data.order import schema_ordered
+    split = split or str(config.oracle.split)
+    n = int(config.oracle.max_tasks if max_tasks is None else max_tasks)
+    tasks = load_tasks(split, seed=int(config.tasks.seed), per_template=int(config.tasks.per_template))
+    tasks = tasks[:n] if n > 0 else tasks
+    if not tasks:
+        raise ValueError(f"split {split!r} has no tasks")
+    return list(tasks)
 
-    env = make_env("sandbox")
-    out: list[Trajectory] = []
-    bar = _bar(len(tasks) * variants, "oracle", progress)
-    try:
-        for i, task in enumerate(tasks):
-            task = schema_ordered(task)  # demonstrations independent of the task file's key order
-            for v in range(max(1, variants)):
-                s = (seed * 1_000_003 + i * 97 + v) % (2**31)
-                ep = run_oracle_episode(env, task, seed=s)
-                out.append(_encode(tok, task, ep.messages, ep.tools, ep.steps, ep.verification, "oracle", s, vocab_limit))
+
+def oracle_dataset(config: Any, workdir: str, *, split: str | None = None, max_tasks: int | None = None,
+                   out: str | None = None, progress: bool = True,
+                   on_infra: Callable[[Any, Exception], None] | None = None) -> tuple[str, list[Any], list[Trajectory]]:
+    """Oracle demonstrations of `config.oracle`'s tasks (`oracle_tasks`) written to `out` (default
+    `<workdir>/oracle-<split>.jsonl`): (path, tasks, trajectories). What `mpa oracle`, `mpa sft` without
+    data, the starter build and the RL experiment's SFT start use."""
+    from mpa_jax.tokenizer import tokenizer_for_config
+
+    split = split or str(config.oracle.split)
+    out = out or os.path.join(workdir, f"oracle-{os.path.basename(split).replace('.jsonl', '')}.jsonl")
+    tasks = oracle_tasks(config, split, max_tasks)
+    tok = tokenizer_for_config(config, workdir)  # checked against the model's embedding (init_from's when set)
+    trajs = Collector(config, tok, progress=progress).oracle(tasks, seed=int(config.seed), variants=int(config.oracle.variants),
+                                                             out=out, on_infra=on_infra)
+    return out, tasks, trajs
+
+
+class Collector:
+    """Collects trajectories for one config: its env kind (`config.envs.kind`), context format and the model's
+    vocabulary (`tokenizer.model_vocab_size`)."""
+
+    def __init__(self, config: Any, tokenizer: Any, *, progress: bool = False, kind: str | None = None) -> None:
+        from mpa_jax.rollout.runner import EnvFactory
+        from mpa_jax.tokenizer import model_vocab_size
+
+        self.config, self.tok, self.progress = config, tokenizer, progress
+        self.envs = EnvFactory(config, default_kind=kind)
+        self.vocab_limit = model_vocab_size(config)
+
+    def oracle(self, tasks: Sequence[Any], *, seed: int = 0, variants: int = 1, out: str | None = None,
+               on_episode: Callable[[Trajectory], None] | None = None,
+               on_infra: Callable[[Any, Exception], None] | None = None) -> list[Trajectory]:
+        """The oracle's demonstrations of `tasks` (`variants` differently seeded phrasings each), in order;
+        with `out` also written there (atomically: a partial file is never mistaken for the result). An
+        episode whose env fails (a device lost at reset) is reported to `on_infra` and left out; an env that
+        is gone for good (`envs.base.EnvUnavailable`: a dead device) stops the run with that error."""
+        from mpa_jax.envs import run_oracle_episode, write_jsonl
+        from mpa_jax.envs.base import EnvUnavailable
+
+        kind = self.envs.default_kind
+        env = self.envs(kind)
+        reasoning = self.envs.context.reasoning
+        trajs: list[Trajectory] = []
+        bar = _bar(len(tasks) * max(1, variants), "oracle", self.progress)
+        try:
+            for i, task in enumerate(tasks):
+                for v in range(max(1, variants)):
+                    s = episode_seed(seed, i, v)
+                    try:
+                        ep = run_oracle_episode(env, task, seed=s, reasoning=reasoning)
+                    except EnvUnavailable as e:  # every remaining episode would fail the same way: stop the run
+                        raise EnvUnavailable(f"{e}; stopped after {i} of {len(tasks)} tasks") from None
+                    except Exception as e:  # noqa: BLE001 - a device lost at reset is infra: the run goes on
+                        if on_infra is not None:
+                            on_infra(task, e)
+                        continue
+                    traj = encode_episode(self.tok, task, ep.messages, ep.tools, ep.steps, ep.verification, "oracle", s,
+                                          self.vocab_limit, kind)
+                    trajs.append(traj)
+                    if on_episode is not None:
+                        on_episode(traj)
+                    if bar:
+                        bar[0].update(bar[1], advance=1)
+        finally:
+            if bar:
+                bar[0].stop()
+            env.close()
+        if out is not None:
+            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+            write_jsonl(out + ".tmp", trajs)
+            os.replace(out + ".tmp", out)
+        return trajs
+
+    def teacher(self, tasks: Sequence[Any], client: Any, *, max_turns: int = 8,
+                on_error: Callable[[Any, Exception], None] | None = None) -> list[Trajectory]:
+        """Teacher episodes of `tasks` through `client` (a `TeacherClient`). An episode whose endpoint call
+        fails is an infra failure (kept, flagged, never a training example) and reported to `on_error`."""
+        env = self.envs(self.envs.default_kind)
+        out: list[Trajectory] = []
+        planner = f"teacher:{getattr(client, 'model', 'teacher')}"
+        bar = _bar(len(tasks), "teacher", self.progress)
+        try:
+            for task in tasks:
+                t0 = time.perf_counter()
+                try:
+                    messages, tools, steps, ver = teacher_episode(client, env, task, max_turns)
+                    traj = encode_episode(self.tok, task, messages, tools, steps, ver, planner, 0, self.vocab_limit,
+                                          self.envs.default_kind)
+                    traj.costs["wall_s"] = time.perf_counter() - t0
+                except TeacherError as e:
+                    if on_error is not None:
+                        on_error(task, e)
+                    traj = Trajectory(task_id=task.id, tokens=[], loss_mask=[], logprobs=[], steps=[],
+                                      verification=Verification(success=False, score=0.0, infra_error=True),
+                                      provenance={"task": task.id, "planner": planner, "domain": task.domain,
+                                                  "category": task.category, "template": task.template,
+                                                  "difficulty": int(task.difficulty), "infra_reason": str(e)},
+                                      finish_reason="infra", infra_failure=True)
+                out.append(traj)
                 if bar:
                     bar[0].update(bar[1], advance=1)
-    finally:
-        if bar:
-            bar[0].stop()
-        env.close()
-    return out
+        finally:
+            if bar:
+                bar[0].stop()
+            env.close()
+        return out
+
+    def policy(self, source: Any, tasks: Sequence[Any], *, out_path: str, label: str = "policy", greedy: bool = False,
+               seed: int | None = None, workdir: str | None = None) -> list[Trajectory]:
+        """The current policy's episodes on `tasks` (sampled unless `greedy`) through the episode runner;
+        `source`: an engine or an exported HF directory."""
+        from mpa_jax.eval import Evaluator
+
+        ev = Evaluator(self.config, tasks, tokenizer=self.tok, progress=self.progress)
+        engine = ev.engine_for(source, workdir or os.path.dirname(os.path.abspath(out_path)))
+        return ev.run(engine, out_path, greedy=greedy, seed=seed, label=label)
 
 
 class TeacherClient:
@@ -176,52 +297,3 @@ def teacher_episode(client: Any, env: Any, task: Any, max_turns: int = 8) -> tup
             steps.append(Step(action=a, feedback=fb))
             messages.append(feedback_to_message(fb))
     return messages, tools, steps, env.verify()
-
-
-def collect_teacher(tasks: Sequence[Any], tok: Any, client: Any, *, max_turns: int = 8, vocab_limit: int | None = None,
-                    progress: bool = False, on_error: Callable[[Any, Exception], None] | None = None) -> list[Trajectory]:
-    """Teacher episodes of `tasks` through `client` (a `TeacherClient`). An episode whose endpoint call
-    fails is an infra failure (kept, flagged, never a training example) and reported to `on_error`."""
-    from mpa_jax.envs import make_env
-
-    env = make_env("sandbox")
-    out: list[Trajectory] = []
-    planner = f"teacher:{getattr(client, 'model', 'teacher')}"
-    bar = _bar(len(tasks), "teacher", progress)
-    try:
-        for task in tasks:
-            t0 = time.perf_counter()
-            try:
-                messages, tools, steps, ver = teacher_episode(client, env, task, max_turns)
-                traj = _encode(tok, task, messages, tools, steps, ver, planner, 0, vocab_limit)
-                traj.costs["wall_s"] = time.perf_counter() - t0
-            except TeacherError as e:
-                if on_error is not None:
-                    on_error(task, e)
-                traj = Trajectory(task_id=task.id, tokens=[], loss_mask=[], logprobs=[], steps=[],
-                                  verification=Verification(success=False, score=0.0, infra_error=True),
-                                  provenance={"task": task.id, "planner": planner, "domain": task.domain,
-                                              "category": task.category, "template": task.template,
-                                              "difficulty": int(task.difficulty), "infra_reason": str(e)},
-                                  finish_reason="infra", infra_failure=True)
-            out.append(traj)
-            if bar:
-                bar[0].update(bar[1], advance=1)
-    finally:
-        if bar:
-            bar[0].stop()
-        env.close()
-    return out
-
-
-def collect_policy(config: Any, checkpoint: str | None, tasks: Sequence[Any], *, workdir: str, out_path: str,
-                   label: str = "policy", greedy: bool = False, seed: int | None = None, tokenizer: Any = None,
-                   progress: bool = True) -> tuple[list[Trajectory], dict[str, Any]]:
-    """The current policy's episodes on `tasks` (sampled unless `greedy`) through the agent loop."""
-    from mpa_jax import rollout
-    from mpa_jax.envs import read_jsonl
-
-    summary = rollout.run_rollouts(config, checkpoint, tasks=list(tasks), out_path=out_path, workdir=workdir,
-                                   tokenizer=tokenizer, greedy=greedy, seed=seed, label=label, progress=progress)
-    trajs = read_jsonl(out_path, Trajectory)
-    return trajs, summary

@@ -1,8 +1,14 @@
-"""Evaluation on the sandbox benchmark: metrics over k runs per task, cost per 1,000 tasks, `eval.json`.
+"""Evaluation on the sandbox benchmark: one task selection, one metrics definition, one evaluator.
 
-    from mpa_jax.eval import eval_metrics, evaluate
-    m = eval_metrics(trajectories, k=4, prices=PriceTable(...))   # pure: no jax
+    from mpa_jax.eval import Evaluator, eval_metrics, evaluate, select_tasks
+    tasks = select_tasks("dev", n_seen=32, n_held_out=16)           # stratified; seen / held-out templates
+    m = eval_metrics(trajectories, k=4, prices=PriceTable(...))       # pure: no jax
     report = evaluate(config, "runs/x/hf", split="test", harness="off", k=1, out_dir="runs/x/eval")
+    on_eval = success_eval(config, tasks, tok, out_dir)               # the SFT trainer's success hook
 """
-from mpa_jax.eval.metrics import CATEGORY_NAMES, PriceTable, eval_metrics, pass_at_k, pass_hat_k  # noqa: F401
-from mpa_jax.eval.run import HarnessUnavailable, evaluate, harness_available, heldout_tasks, with_harness  # noqa: F401
+from mpa_jax.eval.metrics import (  # noqa: F401
+    CATEGORY_NAMES, PriceTable, eval_metrics, pass_at_k, pass_at_k_metrics, pass_hat_k, success_view,
+)
+from mpa_jax.eval.tasks import held_out_templates, select_tasks, stratified, template_group  # noqa: F401
+from mpa_jax.eval.evaluator import HARNESS_MODES, Evaluator, evaluate, format_eval, harness_modes  # noqa: F401
+from mpa_jax.eval.success import format_passk, pass_ks, passk_report, success_eval  # noqa: F401

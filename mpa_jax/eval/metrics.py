@@ -1,4 +1,7 @@
-"""Benchmark metrics from trajectories: success, partial score, pass@1, pass^k, lengths, tool calls, cost.
+"""The one definition of benchmark metrics from trajectories: success, partial score, pass@1, pass^k,
+lengths, tool calls, cost; overall and grouped by category, domain and template group (templates seen in
+training vs held-out templates). Every evaluation (`mpa eval`, the SFT success hook, the demo, the loop)
+reads its figures from here.
 
 Runs are grouped by task. With n scored runs of a task of which c succeed:
 - success = mean over tasks of c / n (the expected single-run success; equals pass@1);
@@ -15,7 +18,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
+
+from mpa_jax.eval.tasks import template_group
 
 CATEGORY_NAMES = {"tool_use": "Tool Use", "memory": "Memory", "skills": "Skills", "subagent": "Sub-agent"}
 
@@ -106,6 +111,7 @@ def eval_metrics(trajectories: Iterable[Any], k: int = 1, prices: PriceTable | N
         by_task[t.task_id].append(t)
     cat_of = {t.task_id: str(t.provenance.get("category", "?")) for t in scored}
     dom_of = {t.task_id: str(t.provenance.get("domain", "?")) for t in scored}
+    grp_of = {t.task_id: template_group(str(t.provenance.get("template", ""))) for t in scored}
 
     def subset(pred: Any) -> dict[str, list[Any]]:
         return {tid: r for tid, r in by_task.items() if pred(tid)}
@@ -117,7 +123,54 @@ def eval_metrics(trajectories: Iterable[Any], k: int = 1, prices: PriceTable | N
         "prices": dataclasses.asdict(prices),
         "episodes": len(trajs),
         "infra_failures": len(trajs) - len(scored),
+        # diagnostics over every episode, infra ones included: how episodes ended, malformed turns by kind
+        "finish_reasons": dict(sorted(collections.Counter(t.finish_reason for t in trajs).items())),
+        "output_errors": dict(sorted(sum((collections.Counter(t.provenance.get("output_errors") or {}) for t in trajs),
+                                         collections.Counter()).items())),
         "overall": _block(by_task, k, prices),
         "by_category": {CATEGORY_NAMES.get(c, c): _block(subset(lambda tid, c=c: cat_of[tid] == c), k, prices) for c in cats},
         "by_domain": {d: _block(subset(lambda tid, d=d: dom_of[tid] == d), k, prices) for d in doms},
+        "by_templates": {g: _block(subset(lambda tid, g=g: grp_of[tid] == g), k, prices)
+                         for g in ("seen", "held_out") if g in grp_of.values()},
     }
+
+
+def success_view(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The flat success figures of `eval_metrics`' output (what the SFT hook logs and datasheets keep):
+    `success`, `score`, `success_seen`, `success_held_out` (when such tasks ran), `success_<category>`."""
+    out = {"success": float(metrics["overall"]["success"]), "score": float(metrics["overall"]["partial_score"])}
+    names = {v: k for k, v in CATEGORY_NAMES.items()}
+    for cat, b in metrics["by_category"].items():
+        out[f"success_{names.get(cat, cat)}"] = float(b["success"])
+    for group, b in metrics.get("by_templates", {}).items():
+        out[f"success_{group}"] = float(b["success"])
+    return out
+
+
+def pass_at_k_metrics(trajectories: Iterable[Any], tasks: Sequence[Any], ks: Sequence[int]) -> dict[str, float]:
+    """Unbiased pass@k from n sampled runs per task (every task of `tasks` needs >= max(ks) scored runs):
+    `pass@<k>` overall, `pass@<k>_seen` / `pass@<k>_held_out` (template groups) and `pass@<k>_<category>`,
+    each the mean over tasks of 1 - C(n-c,k)/C(n,k); plus `samples` (the smallest n). Infra failures are
+    excluded (not the policy's failure)."""
+    ks = [int(k) for k in ks]
+    if not ks or min(ks) < 1:
+        raise ValueError(f"pass@k needs k >= 1, got {ks}")
+    runs: dict[str, list[bool]] = collections.defaultdict(list)
+    for t in trajectories:
+        if t.infra_failure or t.verification is None or t.verification.infra_error:
+            continue
+        runs[t.task_id].append(bool(t.verification.success))
+    groups: dict[str, list[list[bool]]] = collections.defaultdict(list)
+    n_min = None
+    for task in tasks:
+        r = runs.get(task.id, [])
+        if len(r) < max(ks):
+            raise ValueError(f"task {task.id}: {len(r)} scored runs, fewer than k={max(ks)} (raise the samples per task)")
+        n_min = len(r) if n_min is None else min(n_min, len(r))
+        for g in ("", f"_{template_group(task.template)}", f"_{task.category}"):
+            groups[g].append(r)
+    out: dict[str, float] = {"samples": float(n_min or 0)}
+    for g, rs in groups.items():
+        for k in ks:
+            out[f"pass@{k}{g}"] = sum(pass_at_k(len(r), sum(r), k) for r in rs) / len(rs)
+    return out

@@ -26,14 +26,27 @@ class RLSequence:
     ref_logprobs: np.ndarray | None = None  # [L] float, when a KL reference is used
 
 
+class BatchError(ValueError):
+    """A rollout cannot become training data (a non-finite field); the message names the episode."""
+
+
 def sequence_from_trajectory(traj, advantage: float, seq_len: int) -> tuple[RLSequence, bool]:
-    """(sequence, truncated) of a Trajectory cut to `seq_len` tokens."""
+    """(sequence, truncated) of a Trajectory cut to `seq_len` tokens. A non-finite behaviour log-prob or
+    advantage is a BatchError naming the episode: the runner ends such episodes as infra, so one here
+    means rollouts from elsewhere (a file, a custom engine) that must not reach the update."""
     tokens = np.asarray(traj.tokens, np.int32)
+    lps = np.asarray(traj.logprobs, np.float64)
+    bad = np.flatnonzero(~np.isfinite(lps))
+    where = f"episode of task {traj.task_id} (seed {traj.provenance.get('seed')}, weights {traj.provenance.get('weight_version')})"
+    if bad.size:
+        raise BatchError(f"{where}: the behaviour log-prob of token {int(bad[0])} is {lps[bad[0]]}; refusing to train on it")
+    if not np.isfinite(advantage):
+        raise BatchError(f"{where}: its advantage is {advantage}; refusing to train on it")
     truncated = tokens.shape[0] > seq_len
     return RLSequence(
         tokens=tokens[:seq_len],
         loss_mask=np.asarray(traj.loss_mask, np.float32)[:seq_len],
-        behaviour_logprobs=np.asarray(traj.logprobs, np.float32)[:seq_len],
+        behaviour_logprobs=lps.astype(np.float32)[:seq_len],
         advantage=float(advantage),
     ), truncated
 

@@ -24,9 +24,9 @@ ALGOS = ("care", "vanilla")
 
 def make_sft_start(config: Any, workdir: str, progress: bool = True) -> str:
     """Oracle trajectories on the RL templates' train tasks + SFT + export; returns the HF directory."""
-    from mpa_jax.commands.oracle import make_oracle_trajectories
+    from mpa_jax.data import oracle_dataset
     from mpa_jax.envs.contract import write_jsonl
-    from mpa_jax.rl.trainer import select_tasks
+    from mpa_jax.rl.rollouts import split_tasks
     from mpa_jax.sft import run_sft
 
     sft_dir = os.path.join(workdir, "sft")
@@ -35,8 +35,8 @@ def make_sft_start(config: Any, workdir: str, progress: bool = True) -> str:
         return hf
     os.makedirs(sft_dir, exist_ok=True)
     tasks_path = os.path.join(sft_dir, "rl-train-tasks.jsonl")
-    write_jsonl(tasks_path, select_tasks(config))
-    data = make_oracle_trajectories(config, sft_dir, split=tasks_path, max_tasks=0, progress=progress)
+    write_jsonl(tasks_path, split_tasks(config))
+    data, _, _ = oracle_dataset(config, sft_dir, split=tasks_path, max_tasks=0, progress=progress)
     cfg = copy.deepcopy(config)
     cfg.sft.export, cfg.sft.export_dtype = True, "float32"
     result = run_sft(cfg, sft_dir, data, export=True, progress=progress)

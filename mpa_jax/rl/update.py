@@ -67,11 +67,6 @@ def split_rows(packed: Mapping[str, np.ndarray], rows_per_micro: int) -> list[di
     return [{k: v[i:i + rows_per_micro] for k, v in packed.items()} for i in range(0, n, rows_per_micro)]
 
 
-def _zero_extras(shapes: Mapping[str, jax.ShapeDtypeStruct]) -> dict[str, jax.Array]:
-    return {k: jnp.full(v.shape, -jnp.inf if k.endswith("_max") else (jnp.inf if k.endswith("_min") else 0.0), v.dtype)
-            for k, v in shapes.items()}
-
-
 class BudgetedUpdate:
     """`update(state, micro_batches) -> (state, metrics)`: one optimizer step over a list of micro-batches
     (dicts of [rows, row_len] arrays, placed with the row sharding), metrics as `train.step.train_step`
@@ -85,32 +80,15 @@ class BudgetedUpdate:
         mesh = row_sharding.mesh
         replicated = NamedSharding(mesh, P())
         p_sh = state_shardings.params
-
-        def wrapped(p, b):
-            s, c, extras = steplib._split_loss_output(loss_fn(p, b))
-            return s, (c, extras)
-
-        grad_fn = jax.value_and_grad(wrapped, has_aux=True)
+        grad_fn = steplib.value_and_grad(loss_fn)
 
         def accumulate(acc, params, mb):
-            g_acc, s_acc, c_acc, e_acc = acc
             (s, (c, e)), g = grad_fn(params, mb)
-            return (jax.tree.map(jnp.add, g_acc, g), s_acc + s, c_acc + c, steplib._combine_extras(e_acc, e))
+            return steplib.accumulate(acc, g, s, c, e)
 
         def apply(state: TrainState, acc):
-            grads, loss_sum, count, extras = acc
-            denom = jnp.maximum(count, 1.0)
-            grads = jax.tree.map(lambda g: g / denom, grads)
-            grad_norm = optax.global_norm(grads)
-            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-            params = optax.apply_updates(state.params, updates)
-            rng, _ = jax.random.split(state.rng)
-            metrics = {"loss": loss_sum / denom, "loss_sum": loss_sum, "tokens": count, "grad_norm": grad_norm,
-                       "lr": schedule(state.step) if schedule is not None else jnp.zeros((), jnp.float32),
-                       **steplib.extras_as_metrics(extras, count)}
-            return TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng), metrics
+            return steplib.apply_gradients(state, *acc, optimizer=optimizer, schedule=schedule)
 
-        self._wrapped = wrapped
         self._p_sh, self._replicated, self._row_sh = p_sh, replicated, row_sharding
         self._acc_sh = None
         self._accumulate_fn = accumulate
@@ -121,12 +99,12 @@ class BudgetedUpdate:
 
     def _init_acc(self, params: Any, mb: Mapping[str, jax.Array]):
         if self._accumulate is None:  # the extras are scalars: one accumulator layout for every micro-batch shape
-            extras_shape = jax.eval_shape(lambda p, b: self._wrapped(p, b)[1][1], params, mb)
+            extras_shape = jax.eval_shape(lambda p, b: steplib.split_loss_output(self.loss_fn(p, b))[2], params, mb)
             self._acc_sh = (self._p_sh, self._replicated, self._replicated, {k: self._replicated for k in extras_shape})
             self._accumulate = jax.jit(self._accumulate_fn, in_shardings=(self._acc_sh, self._p_sh, None),
                                        out_shardings=self._acc_sh, donate_argnums=(0,))
             self._zeros = jax.jit(lambda p: (jax.tree.map(jnp.zeros_like, p), jnp.zeros((), jnp.float32),
-                                             jnp.zeros((), jnp.float32), _zero_extras(extras_shape)), out_shardings=self._acc_sh)
+                                             jnp.zeros((), jnp.float32), steplib.zero_extras(extras_shape)), out_shardings=self._acc_sh)
         return self._zeros(params)
 
     def __call__(self, state: TrainState, micro_batches: Sequence[Mapping[str, jax.Array]]) -> tuple[TrainState, dict[str, jax.Array]]:

@@ -11,17 +11,14 @@ Public API::
     rollout.JaxEngine.from_pretrained(hf_dir)
     rollout.SGLangEngine(base_url, ...)        # SGLang 0.5.x native-API client (also talks to `mpa serve`)
     rollout.hf_exporter(cfg, tokenizer_dir)    # exporter= for SGLangEngine.update_weights(params, version)
-    rollout.AgentLoopConfig(...); rollout.run_episodes(engine, tokenizer, tasks, env_factory, cfg) -> [Trajectory]
-    rollout.make_engine(config, checkpoint=None, tokenizer=tok) -> engine   # from the `c.rollout` config; never
-                                               # samples an id >= tokenizer.vocab_size (the vocabulary rule)
-    rollout.run_rollouts(config, engine_or_checkpoint, tasks=None, out_path=None, ...) -> summary dict
-    rollout.summarize(trajectories) -> summary dict (success by domain and category)
-    rollout.format_comparison({"untrained": s0, "sft": s1}) -> str   # side-by-side success table
+    rollout.make_engine(config, checkpoint=None, params=None, tokenizer=tok) -> engine   # from the `c.rollout`
+                                               # config; never samples an id >= tokenizer.vocab_size
+    rollout.EpisodeRunner.from_config(config)  # envs (kind or mixture), pool, harness, context format
+    runner.run(engine, tokenizer, tasks, rollout.EpisodeConfig(...)) -> [Trajectory]
     rollout.create_app(engine, tokenizer) / rollout.ServerThread(app)    # `mpa serve` (FastAPI): SGLang-native + OpenAI
     rollout.sglang_launch_command(hf_dir, ...)  # `python -m sglang.launch_server ...` argv
 
-Importing this package does not import jax; `JaxEngine`, `make_engine` and `run_rollouts` load it
-on first use.
+Importing this package does not import jax; `JaxEngine` and `make_engine` load it on first use.
 """
 from __future__ import annotations
 
@@ -34,12 +31,9 @@ _LAZY = {
     "JaxEngine": "mpa_jax.rollout.jax_engine",
     "SGLangEngine": "mpa_jax.rollout.sglang",
     "hf_exporter": "mpa_jax.rollout.sglang",
-    "format_comparison": "mpa_jax.rollout.run",
-    "AgentLoopConfig": "mpa_jax.rollout.agent_loop",
-    "run_episodes": "mpa_jax.rollout.agent_loop",
-    "summarize": "mpa_jax.rollout.agent_loop",
-    "make_engine": "mpa_jax.rollout.run",
-    "run_rollouts": "mpa_jax.rollout.run",
+    "EpisodeConfig": "mpa_jax.rollout.runner",
+    "EpisodeRunner": "mpa_jax.rollout.runner",
+    "make_engine": "mpa_jax.rollout.engines",
     "create_app": "mpa_jax.rollout.server",
     "ServerThread": "mpa_jax.rollout.server",
     "sglang_launch_command": "mpa_jax.rollout.launch",

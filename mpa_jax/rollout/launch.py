@@ -1,4 +1,5 @@
-"""The `python -m sglang.launch_server ...` command for an exported checkpoint (SGLang 0.5.x flags).
+"""The `python -m sglang.launch_server ...` command for an exported checkpoint (SGLang 0.5.x flags), and the
+`python -m sglang_router.launch_router ...` command for a fleet of them (sglang-router 0.3.x).
 
 Tool-call parser by format: Qwen3's `<tool_call>{json}</tool_call>` is SGLang's `qwen25` parser;
 Qwen3.5 / Qwen3-Coder's `<function=...><parameter=...>` XML is `qwen3_coder`. Reasoning (`<think>`)
@@ -35,9 +36,14 @@ def sglang_launch_command(
     reasoning: bool = True,
     dtype: str = "auto",
     context_length: int | None = None,
+    deterministic: bool = False,
     python: str = "python",
 ) -> list[str]:
-    """Argument vector that serves `checkpoint_dir` with SGLang; validate inputs, name the bad one."""
+    """Argument vector that serves `checkpoint_dir` with SGLang; validate inputs, name the bad one.
+
+    `deterministic`: `--enable-deterministic-inference`, without which SGLang ignores `sampling_seed`
+    (seeded rollouts are then not reproducible; docs/scaling.md).
+    """
     if not os.path.isfile(os.path.join(checkpoint_dir, "config.json")):
         raise ValueError(f"{checkpoint_dir} is not an exported HF checkpoint (no config.json); run `mpa export` first")
     if tp < 1 or dp < 1:
@@ -62,7 +68,34 @@ def sglang_launch_command(
         cmd += ["--reasoning-parser", "qwen3"]
     if context_length:
         cmd += ["--context-length", str(int(context_length))]
+    if deterministic:
+        cmd.append("--enable-deterministic-inference")
     return cmd
+
+
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random", "consistent_hashing", "manual")
+
+
+def router_launch_command(
+    worker_urls: list[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    policy: str = "cache_aware",
+    python: str = "python",
+) -> list[str]:
+    """Argument vector of sglang-router in front of `worker_urls`; point `rollout.sglang_url` at it."""
+    if not worker_urls:
+        raise ValueError("router_launch_command: give at least one worker URL")
+    bad = next((u for u in worker_urls if not u.startswith(("http://", "https://"))), None)
+    if bad is not None:
+        raise ValueError(f"worker URL must start with http:// or https://, got {bad!r}")
+    if policy not in ROUTER_POLICIES:
+        raise ValueError(f"policy must be one of {list(ROUTER_POLICIES)}, got {policy!r}")
+    if not 0 < port < 65536:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    return [python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls, "--host", host,
+            "--port", str(port), "--policy", policy]
 
 
 def format_command(cmd: list[str]) -> str:

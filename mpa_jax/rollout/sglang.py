@@ -1,21 +1,36 @@
-"""HTTP client for an SGLang server's native API, as a `RolloutEngine`.
+"""HTTP client for SGLang's native API, as a `RolloutEngine`: one server, a list of workers, or sglang-router.
 
-Pinned to the SGLang **0.5.x** native payloads (checked against 0.5.2-0.5.5); `mpa serve` implements
-the same subset, and the tests drive this client against it over loopback HTTP.
+Pinned to the SGLang **0.5.x** native payloads (checked against 0.5.2-0.5.5) and sglang-router 0.3.x;
+`mpa serve` implements the same subset, and the tests drive this client against it (and against the
+real router) over loopback HTTP.
 
-`POST /generate` request (one HTTP request carries a batch of prompts)::
+Where requests go (`engine_from_config` reads `config.rollout.sglang_url` / `sglang_workers`):
 
-    {"input_ids": [[int, ...], ...],
-     "sampling_params": [{"max_new_tokens": N, "temperature": T, "top_p": P, "top_k": K,
-                          "stop_token_ids": [...], "sampling_seed": S,
-                          "skip_special_tokens": false, "no_stop_trim": true}, ...],   # one per prompt
+- a **router** (`sglang_url` answers `GET /workers` with a worker list, as sglang-router does): every
+  request goes to the router, which picks a worker; the client learns the workers from `/workers` for
+  weight sync. `sglang_workers`, when also given, are synced too (and re-registered if missing);
+- a **worker list** (`sglang_workers`, `sglang_url` empty): the client balances itself, each request to
+  the live worker with the fewest requests in flight; a worker that refuses or drops connections is
+  taken out of rotation (and tried again at the next weight sync);
+- one **server** (`sglang_url` that is not a router): as before.
+
+`POST /generate` request, one per prompt (the shape sglang-router accepts: it rejects a list of
+`sampling_params`; one object with batched `input_ids` would pin the whole batch to one worker)::
+
+    {"input_ids": [int, ...],
+     "sampling_params": {"max_new_tokens": N, "temperature": T, "top_p": P, "top_k": K,
+                         "stop_token_ids": [...], "sampling_seed": S,
+                         "skip_special_tokens": false, "no_stop_trim": true},
      "return_logprob": true}
 
-`max_new_tokens` and `stop_token_ids` are always explicit (server defaults differ by version);
-`top_p=1`, `top_k=-1` whenever the log-probs feed importance ratios (`SamplingParams.for_ratios`).
-`sampling_seed` is the per-request seed of 0.5.x (send_seed=False drops it for older servers).
+A batch's prompts go out concurrently (at most `max_concurrency` in flight), so the router or this
+client spreads them over the workers; results come back in prompt order. `max_new_tokens` and
+`stop_token_ids` are always explicit (server defaults differ by version); `top_p=1`, `top_k=-1` whenever
+the log-probs feed importance ratios (`SamplingParams.for_ratios`). `sampling_seed` is the per-request
+seed of 0.5.x (send_seed=False drops it for older servers); an SGLang server honours it only when
+started with `--enable-deterministic-inference` (docs/scaling.md).
 
-Response: a list with one object per prompt::
+Response: one object per prompt::
 
     {"text": str, "output_ids": [int, ...],
      "meta_info": {"finish_reason": {"type": "stop", "matched": id} | {"type": "length", "length": n}
@@ -26,27 +41,40 @@ Response: a list with one object per prompt::
 
 The matched stop id is the last entry of `output_ids` (SGLang trims stop *strings* from text only).
 
-Weight sync: export an HF checkpoint directory (or take one), `POST /update_weights_from_disk`
-`{"model_path": dir, "weight_version": v}` -> `{"success": bool, "message": str}`, then
-`POST /flush_cache` until it answers 200 (it answers 400 while requests are still running).
-Health: `GET /health_generate` (runs a one-token generation), `GET /health`.
+Failures: a prompt whose request fails (after retries: transport errors, timeouts and 5xx answers are
+retried with exponential backoff; 4xx answers fail at once with the server's message), whose answer is
+malformed, or whose `weight_version` is not the engine's (beyond `max_staleness`) comes back as a
+`finish_reason="abort"` result carrying the reason, so only that episode becomes infra; when every
+prompt of a call fails, `generate` raises `EngineError`.
 
-Batches are split into requests of `request_batch` prompts sent concurrently with at most
-`max_concurrency` in flight; transport errors, timeouts and 5xx answers are retried with exponential
-backoff; 4xx answers fail at once with the server's message.
+Weight sync (`update_weights`): export an HF checkpoint directory once (or take one; every worker must
+see the path), then on **every** worker concurrently `POST /update_weights_from_disk`
+`{"model_path": dir, "weight_version": v}` -> `{"success": bool, "message": str}` and
+`POST /flush_cache` until it answers 200 (400 while requests are still running), then check the
+worker's `/model_info` `weight_version` when it reports one. A worker that fails is taken out of
+rotation with a warning naming it and the reason (the router's `DELETE /workers/{id}`, or this client's
+own list), so no later result mixes weight versions; when no worker loads, `EngineError` and the version
+stays. Health: `GET /health_generate` (a one-token generation), `GET /health`.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import os
+import threading
 import time
 from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
 
 import httpx
 
 from mpa_jax.rollout.types import EngineError, GenerateResult, SamplingParams
 
 SGLANG_VERSION = "0.5.x"
+SGLANG_ROUTER_VERSION = "0.3.x"
+
+_log = logging.getLogger(__name__)
 
 
 def sampling_payload(params: SamplingParams, seed: int | None, send_seed: bool = True) -> dict[str, Any]:
@@ -130,59 +158,145 @@ def parse_generate_item(item: Any, weight_version: str = "", vocab_limit: int | 
     )
 
 
+def version_accepted(got: str, expected: str, max_staleness: int = 0) -> bool:
+    """Whether a result sampled with weights `got` may join a step that expects `expected`.
+
+    No expectation yet (`expected == ""`, nothing synced) accepts anything. Otherwise the versions must be
+    equal, or, with `max_staleness > 0` and integer versions (the RL trainer's sync counter), `got` may be
+    at most that many versions behind (the async-RL bound); never ahead.
+    """
+    if not expected or got == expected:
+        return True
+    if max_staleness > 0:
+        try:
+            lag = int(expected) - int(got)
+        except ValueError:
+            return False
+        return 0 <= lag <= max_staleness
+    return False
+
+
+@dataclasses.dataclass
+class Worker:
+    """One SGLang server of the fleet, as this client sees it."""
+
+    url: str
+    router_id: str | None = None  # the router's id for it (sglang-router 0.3: a UUID), when behind a router
+    live: bool = True  # in rotation
+    reason: str = ""  # why it was taken out of rotation
+    in_flight: int = 0
+    requests: int = 0  # generate requests this client sent it directly (worker-list mode)
+
+
 class SGLangEngine:
-    """`RolloutEngine` over an SGLang (or `mpa serve`) server's native HTTP API."""
+    """`RolloutEngine` over SGLang (or `mpa serve`) servers' native HTTP API: one server, a worker list,
+    or sglang-router in front of workers (see the module docstring)."""
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         *,
+        workers: Sequence[str] = (),
+        router: bool | None = None,
         timeout_s: float = 300.0,
         max_retries: int = 3,
         backoff_s: float = 0.5,
         max_concurrency: int = 32,
-        request_batch: int = 8,
         send_seed: bool = True,
         exporter: Callable[[Any, str], None] | None = None,
         export_root: str | None = None,
         weight_version: str = "",
         vocab_limit: int | None = None,
+        max_staleness: int = 0,
+        discover_timeout_s: float = 60.0,
     ) -> None:
-        """`exporter(params, out_dir)` writes an HF checkpoint; needed only to sync a params pytree.
+        """`base_url`: a router or a single server (`router=None` asks the URL whether it is a router);
+        `workers`: the worker URLs (synced always; balanced by this client when there is no router).
 
-        `vocab_limit` (the tokenizer's size): a response carrying an id at or above it is an
-        EngineError naming the id, never a token passed on to decoding.
+        `exporter(params, out_dir)` writes an HF checkpoint; needed only to sync a params pytree.
+        `vocab_limit` (the tokenizer's size): a response carrying an id at or above it is an error naming
+        the id, never a token passed on to decoding. `max_staleness`: how many versions behind the
+        engine's a result may be (0: exactly the engine's version). `discover_timeout_s`: how long to
+        wait for a freshly started router to list its workers.
         """
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"SGLang base_url must start with http:// or https://, got {base_url!r}")
-        if max_concurrency < 1 or request_batch < 1:
-            raise ValueError("SGLangEngine: max_concurrency and request_batch must be >= 1")
-        self.base_url = base_url.rstrip("/")
+        base = (base_url or "").strip()
+        urls = [str(u).strip().rstrip("/") for u in workers if str(u).strip()]
+        if not base and not urls:
+            raise ValueError("SGLangEngine: give base_url (a server or a router) or workers (a list of worker URLs)")
+        for u in ([base] if base else []) + urls:
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"SGLang URL must start with http:// or https://, got {u!r}")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"SGLangEngine: a worker URL is listed twice: {urls}")
+        if router and not base:
+            raise ValueError("SGLangEngine: router=True needs base_url (the router's URL)")
+        if max_concurrency < 1:
+            raise ValueError(f"SGLangEngine: max_concurrency must be >= 1, got {max_concurrency}")
+        if max_retries < 0:
+            raise ValueError(f"SGLangEngine: max_retries must be >= 0, got {max_retries}")
+        if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+            raise ValueError(f"SGLangEngine: max_staleness must be an int >= 0, got {max_staleness!r}")
+        if vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int) or vocab_limit < 1):
+            raise ValueError(f"SGLangEngine: vocab_limit must be a positive int (the tokenizer's size), got {vocab_limit!r}")
+        self.base_url = base.rstrip("/") if base else (urls[0] if len(urls) == 1 else "")
+        self.configured = urls
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_concurrency = max_concurrency
-        self.request_batch = request_batch
         self.send_seed = send_seed
         self.exporter = exporter
         self.export_root = export_root
         self._weight_version = weight_version
-        if vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int) or vocab_limit < 1):
-            raise ValueError(f"SGLangEngine: vocab_limit must be a positive int (the tokenizer's size), got {vocab_limit!r}")
         self.vocab_limit = vocab_limit
-        self.device_s = 0.0  # wall time spent waiting on the server, for rollout cost accounting
+        self.max_staleness = max_staleness
+        self.discover_timeout_s = discover_timeout_s
+        self.device_s = 0.0  # wall time spent waiting on the servers, for rollout cost accounting
+        self.failed_rows = 0  # prompts that failed (request, answer or weight version): aborts, or a raised call
+        self.events: list[str] = []  # fleet changes (workers taken out / brought back), oldest first
+        self._lock = threading.Lock()  # fleet state is shared by the RL trainer's rollout and sync threads
+        # Mode: "router" (requests to base_url, workers from its /workers), "fleet" (this client balances
+        # over `workers`) or "single". Unknown until the first call when base_url has to be asked.
+        if base and router is None:
+            self._mode: str | None = None
+        elif base and router:
+            self._mode = "router"
+        elif base and not urls:
+            self._mode = "single"
+        elif base:
+            raise ValueError("SGLangEngine: router=False with both base_url and workers; give the workers only")
+        else:
+            self._mode = "fleet" if len(urls) > 1 else "single"
+        self._workers: dict[str, Worker] = {u: Worker(u) for u in urls}
+        self._rr = 0  # round-robin cursor for ties between equally loaded workers
 
     @property
     def weight_version(self) -> str:
         return self._weight_version
 
+    @property
+    def mode(self) -> str | None:
+        """"router", "fleet" or "single"; None until the base URL has been asked whether it is a router."""
+        return self._mode
+
+    def workers(self) -> list[Worker]:
+        """The workers this client knows (router-listed ones once a sync has discovered them)."""
+        with self._lock:
+            return [dataclasses.replace(w) for w in self._workers.values()]
+
+    def live_workers(self) -> list[str]:
+        with self._lock:
+            return [w.url for w in self._workers.values() if w.live]
+
     # ---- HTTP plumbing -------------------------------------------------------------------------
 
-    async def _request(self, client: httpx.AsyncClient, method: str, path: str, body: Any = None) -> httpx.Response:
-        """One call with retries on transport errors, timeouts and 5xx; 4xx raise at once."""
-        url = self.base_url + path
+    async def _request(self, client: httpx.AsyncClient, method: str, url: str, body: Any = None,
+                       retries: int | None = None) -> httpx.Response:
+        """One call to `url` with retries on transport errors, timeouts and 5xx; 4xx raise at once."""
+        retries = self.max_retries if retries is None else retries
+        path = _path(url)
         last = ""
-        for attempt in range(self.max_retries + 1):
+        for attempt in range(retries + 1):
             try:
                 resp = await client.request(method, url, json=body)
             except (httpx.TransportError, httpx.TimeoutException) as e:
@@ -193,9 +307,9 @@ class SGLangEngine:
                 if resp.status_code < 500:
                     raise EngineError(f"SGLang {method} {path}: HTTP {resp.status_code}: {_error_text(resp)}")
                 last = f"HTTP {resp.status_code}: {_error_text(resp)}"
-            if attempt < self.max_retries:
+            if attempt < retries:
                 await asyncio.sleep(self.backoff_s * (2**attempt))
-        raise EngineError(f"SGLang {method} {path} failed after {self.max_retries + 1} attempts: {last}")
+        raise EngineError(f"SGLang {method} {path} failed after {_attempts(retries + 1)}: {last}")
 
     def _client(self) -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
@@ -207,44 +321,83 @@ class SGLangEngine:
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(coro)
+        coro.close()
         raise RuntimeError("SGLangEngine sync methods cannot run inside an event loop; await the a* methods")
+
+    async def _resolve(self, client: httpx.AsyncClient) -> str:
+        """The mode, asking `base_url` once whether it is a router (sglang-router answers `GET /workers`)."""
+        if self._mode is not None:
+            return self._mode
+        try:
+            resp = await client.get(self.base_url + "/workers", timeout=min(self.timeout_s, 30.0))
+        except (httpx.TransportError, httpx.TimeoutException):
+            return "single"  # unreachable: calls fail with their own message; ask again next time
+        is_router = resp.status_code == 200 and isinstance(_json(resp), dict) and isinstance(_json(resp).get("workers"), list)
+        if not is_router and self.configured:
+            raise EngineError(
+                f"{self.base_url} is not a router (GET /workers: HTTP {resp.status_code}); with worker URLs given,"
+                " the base URL (rollout.sglang_url) must be an sglang-router or empty"
+            )
+        self._mode = "router" if is_router else "single"
+        return self._mode
 
     # ---- generation ----------------------------------------------------------------------------
 
     async def agenerate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None
     ) -> list[GenerateResult]:
-        """Async `generate`: requests of `request_batch` prompts, at most `max_concurrency` in flight."""
+        """Async `generate`: one request per prompt, at most `max_concurrency` in flight."""
         prompts = [list(map(int, p)) for p in prompts]
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"generate: {len(seeds)} seeds for {len(prompts)} prompts")
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"generate: prompt {i} is empty")
+        if not prompts:
+            return []
         row_seeds = list(seeds) if seeds is not None else [params.seed + i for i in range(len(prompts))]
+        expected = self._weight_version
         sem = asyncio.Semaphore(self.max_concurrency)
         t0 = time.perf_counter()
 
-        async def one(client: httpx.AsyncClient, lo: int, hi: int) -> list[GenerateResult]:
-            body = {
-                "input_ids": prompts[lo:hi],
-                "sampling_params": [sampling_payload(params, row_seeds[i], self.send_seed) for i in range(lo, hi)],
-                "return_logprob": True,
-            }
-            async with sem:
-                resp = await self._request(client, "POST", "/generate", body)
-            data = resp.json()
-            if isinstance(data, dict):
-                data = [data]
-            if not isinstance(data, list) or len(data) != hi - lo:
-                raise EngineError(f"SGLang /generate: expected {hi - lo} results, got {len(data) if isinstance(data, list) else data!r}")
-            return [parse_generate_item(d, self._weight_version, self.vocab_limit) for d in data]
+        async def one(client: httpx.AsyncClient, i: int) -> GenerateResult | EngineError:
+            body = {"input_ids": prompts[i], "sampling_params": sampling_payload(params, row_seeds[i], self.send_seed),
+                    "return_logprob": True}
+            try:
+                async with sem:
+                    resp, where = await self._post_generate(client, body)
+                data = _json(resp)
+                if isinstance(data, list) and len(data) == 1:
+                    data = data[0]
+                if not isinstance(data, dict):
+                    raise EngineError(f"SGLang /generate: expected one result object, got {str(data)[:100]!r}")
+                result = parse_generate_item(data, expected, self.vocab_limit)
+                if not version_accepted(result.weight_version, expected, self.max_staleness):
+                    raise _VersionMismatch(
+                        f"SGLang /generate{where}: sampled with weights {result.weight_version!r}, expected {expected!r}"
+                        f"{f' (at most {self.max_staleness} behind)' if self.max_staleness else ''}: a worker missed the weight sync"
+                    )
+                return result
+            except EngineError as e:
+                return e
 
         async with self._client() as client:
-            chunks = [(lo, min(lo + self.request_batch, len(prompts))) for lo in range(0, len(prompts), self.request_batch)]
-            parts = await asyncio.gather(*(one(client, lo, hi) for lo, hi in chunks))
+            mode = await self._resolve(client)
+            if mode == "fleet" and not self.live_workers():
+                raise EngineError(f"no SGLang worker in rotation: {self._why_none()}")
+            outs = await asyncio.gather(*(one(client, i) for i in range(len(prompts))))
+            if any(isinstance(o, _VersionMismatch) for o in outs):
+                # Somebody serves old weights: find who and take them out before the next call.
+                await self._audit_versions(client, expected)
         self.device_s += time.perf_counter() - t0
-        return [r for part in parts for r in part]
+        errors = [o for o in outs if isinstance(o, EngineError)]
+        self.failed_rows += len(errors)
+        if errors and len(errors) == len(outs):
+            raise EngineError(str(errors[0]) if len(errors) == 1 else f"all {len(errors)} requests failed; first: {errors[0]}")
+        # A failed prompt is an abort result: its episode becomes infra, the batch's others go on.
+        return [o if isinstance(o, GenerateResult) else
+                GenerateResult([], [], "abort", weight_version=expected, error=str(o), prompt_tokens=len(p))
+                for o, p in zip(outs, prompts)]
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None
@@ -252,16 +405,67 @@ class SGLangEngine:
         """Blocking wrapper over `agenerate`."""
         return self._run(self.agenerate(prompts, params, seeds))
 
+    async def _post_generate(self, client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[httpx.Response, str]:
+        """POST /generate where the mode sends it; returns the response and " on <worker>" when known."""
+        if self._mode != "fleet":
+            return await self._request(client, "POST", self.base_url + "/generate", body), ""
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            w = self._pick()
+            if w is None:
+                raise EngineError(f"SGLang /generate: no worker in rotation ({self._why_none()}); last error: {last}")
+            try:
+                resp = await client.post(w.url + "/generate", json=body)
+            except httpx.TimeoutException as e:  # slow, not gone: retry elsewhere, keep it in rotation
+                last = f"{w.url}: {type(e).__name__}: {e}"
+            except httpx.TransportError as e:  # refused or dropped: the worker is gone
+                last = f"{w.url}: {type(e).__name__}: {e}"
+                self._take_out_local(w.url, f"/generate failed: {type(e).__name__}: {e}")
+            else:
+                if resp.status_code < 400:
+                    return resp, f" on {w.url}"
+                if resp.status_code < 500:
+                    raise EngineError(f"SGLang POST /generate on {w.url}: HTTP {resp.status_code}: {_error_text(resp)}")
+                last = f"{w.url}: HTTP {resp.status_code}: {_error_text(resp)}"
+            finally:
+                with self._lock:
+                    w.in_flight -= 1
+            if attempt < self.max_retries:
+                await asyncio.sleep(self.backoff_s * (2**attempt))
+        raise EngineError(f"SGLang POST /generate failed after {_attempts(self.max_retries + 1)}: {last}")
+
+    def _pick(self) -> Worker | None:
+        """The live worker with the fewest requests in flight (round robin among equals), reserved."""
+        with self._lock:
+            live = [w for w in self._workers.values() if w.live]
+            if not live:
+                return None
+            low = min(w.in_flight for w in live)
+            ties = [w for w in live if w.in_flight == low]
+            w = ties[self._rr % len(ties)]
+            self._rr += 1
+            w.in_flight += 1
+            w.requests += 1
+            return w
+
+    def _why_none(self) -> str:
+        with self._lock:
+            return "; ".join(f"{w.url}: {w.reason}" for w in self._workers.values()) or "no workers known"
+
     # ---- health and info -----------------------------------------------------------------------
 
     async def ahealth(self) -> bool:
-        """True when `/health_generate` answers 200 (the server can run a generation)."""
+        """True when `/health_generate` answers 200 (the server, the router, or any live worker)."""
+        urls = [self.base_url] if self.base_url else self.live_workers()
         async with self._client() as client:
-            try:
-                resp = await client.get(self.base_url + "/health_generate")
-            except (httpx.TransportError, httpx.TimeoutException):
-                return False
-        return resp.status_code == 200
+            for url in urls:
+                try:
+                    resp = await client.get(url + "/health_generate")
+                except (httpx.TransportError, httpx.TimeoutException):
+                    continue
+                if resp.status_code == 200:
+                    return True
+        return False
 
     def health(self) -> bool:
         return self._run(self.ahealth())
@@ -273,25 +477,162 @@ class SGLangEngine:
             if self.health():
                 return
             time.sleep(poll_s)
-        raise EngineError(f"SGLang server at {self.base_url} not healthy after {timeout_s:.0f}s")
+        raise EngineError(f"SGLang server at {self.base_url or self.configured} not healthy after {timeout_s:.0f}s")
 
-    def model_info(self) -> dict[str, Any]:
-        """`GET /model_info` (falls back to the older `/get_model_info`)."""
+    def model_info(self, url: str | None = None) -> dict[str, Any]:
+        """`GET /model_info` (falls back to the older `/get_model_info`, which the router proxies) of
+        `url`, else of the base URL (a router answers for one of its workers), else the first live worker."""
 
         async def go() -> dict[str, Any]:
+            target = url or self.base_url or next(iter(self.live_workers()), "")
+            if not target:
+                raise EngineError(f"no SGLang worker in rotation: {self._why_none()}")
             async with self._client() as client:
-                try:
-                    resp = await self._request(client, "GET", "/model_info")
-                except EngineError:
-                    resp = await self._request(client, "GET", "/get_model_info")
-                return resp.json()
+                return await self._model_info(client, target)
 
         return self._run(go())
+
+    async def _model_info(self, client: httpx.AsyncClient, url: str, retries: int | None = None) -> dict[str, Any]:
+        try:
+            resp = await self._request(client, "GET", url + "/model_info", retries=retries)
+        except EngineError:
+            resp = await self._request(client, "GET", url + "/get_model_info", retries=retries)
+        data = _json(resp)
+        if not isinstance(data, dict):
+            raise EngineError(f"SGLang GET /model_info on {url}: expected an object, got {str(data)[:100]!r}")
+        return data
+
+    # ---- the fleet -----------------------------------------------------------------------------
+
+    async def _router_workers(self, client: httpx.AsyncClient) -> dict[str, str]:
+        """url -> router id of the workers sglang-router lists (`GET /workers`)."""
+        resp = await self._request(client, "GET", self.base_url + "/workers")
+        data = _json(resp)
+        listed = data.get("workers") if isinstance(data, dict) else None
+        if not isinstance(listed, list):
+            raise EngineError(f"router {self.base_url}: GET /workers answered {str(data)[:200]!r}, not a worker list")
+        return {str(w["url"]).rstrip("/"): str(w.get("id") or w["url"]) for w in listed if isinstance(w, dict) and w.get("url")}
+
+    async def _sync_targets(self, client: httpx.AsyncClient) -> list[str]:
+        """Every worker that must load new weights: the router's, the configured ones, and the ones taken
+        out earlier (each sync gives them another chance)."""
+        mode = await self._resolve(client)
+        if mode == "single":
+            return [self.base_url]
+        if mode == "router":
+            listed = await self._router_workers(client)
+            deadline = time.monotonic() + self.discover_timeout_s
+            while not listed and not self._workers and time.monotonic() < deadline:
+                await asyncio.sleep(0.25)  # a router registers its --worker-urls in the background at start
+                listed = await self._router_workers(client)
+            with self._lock:
+                for url, rid in listed.items():
+                    w = self._workers.setdefault(url, Worker(url))
+                    w.router_id, w.live, w.reason = rid, True, ""
+                for w in self._workers.values():
+                    if w.url not in listed:
+                        w.router_id = None
+                        w.live = False
+                        w.reason = w.reason or "not listed by the router"
+        with self._lock:
+            targets = list(self._workers)
+        if not targets:
+            raise EngineError(f"router {self.base_url} lists no workers after {self.discover_timeout_s:.0f}s, and none are configured")
+        return targets
+
+    def _take_out_local(self, url: str, reason: str) -> None:
+        with self._lock:
+            w = self._workers.get(url)
+            if w is None or not w.live:
+                return
+            w.live, w.reason = False, reason
+            left = sum(1 for x in self._workers.values() if x.live)
+            total = len(self._workers)
+        msg = f"SGLang worker {url} taken out of rotation: {reason} ({left} of {total} workers left)"
+        self.events.append(msg)
+        _log.warning(msg)
+
+    async def _take_out(self, client: httpx.AsyncClient, url: str, reason: str) -> None:
+        """Out of rotation: this client's list, and the router's (`DELETE /workers/{id}`, awaited)."""
+        with self._lock:
+            w = self._workers.get(url)
+            rid = w.router_id if w is not None else None
+        self._take_out_local(url, reason)
+        if self._mode != "router" or rid is None:
+            return
+        try:
+            resp = await client.delete(f"{self.base_url}/workers/{rid}")
+            if resp.status_code in (404, 405):  # routers before the /workers API
+                resp = await client.post(f"{self.base_url}/remove_worker", params={"url": url})
+            if resp.status_code >= 400:
+                raise EngineError(f"HTTP {resp.status_code}: {_error_text(resp)}")
+            # The router queues the removal: wait until it no longer lists the worker, so that no request
+            # of the next step can still reach it.
+            deadline = time.monotonic() + self.discover_timeout_s
+            while url in await self._router_workers(client):
+                if time.monotonic() > deadline:
+                    raise EngineError(f"still listed after {self.discover_timeout_s:.0f}s")
+                await asyncio.sleep(0.1)
+        except (EngineError, httpx.TransportError, httpx.TimeoutException) as e:
+            # Not fatal: every result's weight version is still checked, so a worker the router keeps
+            # sending requests to cannot mix versions into a step; its rows come back as aborts.
+            msg = f"router {self.base_url} did not remove worker {url} ({reason}): {e}"
+            self.events.append(msg)
+            _log.warning(msg)
+            return
+        with self._lock:
+            if w is not None:
+                w.router_id = None
+
+    async def _bring_in(self, client: httpx.AsyncClient, url: str) -> None:
+        """Back in rotation after it loaded the current weights (re-registered with the router if needed)."""
+        with self._lock:
+            w = self._workers[url]
+            was_out = not w.live
+            missing = self._mode == "router" and w.router_id is None
+        if missing:
+            resp = await client.post(f"{self.base_url}/workers", json={"url": url})
+            if resp.status_code >= 400:
+                raise EngineError(f"router {self.base_url} refused to add worker {url}: HTTP {resp.status_code}: {_error_text(resp)}")
+            deadline = time.monotonic() + self.discover_timeout_s
+            while True:
+                listed = await self._router_workers(client)
+                if url in listed:
+                    break
+                if time.monotonic() > deadline:
+                    raise EngineError(f"router {self.base_url} did not list worker {url} {self.discover_timeout_s:.0f}s after adding it")
+                await asyncio.sleep(0.1)
+            with self._lock:
+                w.router_id = listed[url]
+        with self._lock:
+            w.live, w.reason = True, ""
+        if was_out:
+            msg = f"SGLang worker {url} back in rotation"
+            self.events.append(msg)
+            _log.warning(msg)
+
+    async def _audit_versions(self, client: httpx.AsyncClient, expected: str) -> None:
+        """Take out every worker whose `/model_info` reports weights other than `expected`."""
+        try:
+            targets = [self.base_url] if self._mode == "single" else await self._sync_targets(client)
+        except EngineError:
+            return
+        for url in targets:
+            with self._lock:
+                live = url in self._workers and self._workers[url].live
+            if not live:
+                continue
+            try:
+                got = (await self._model_info(client, url, retries=0)).get("weight_version")
+            except EngineError:
+                continue
+            if got is not None and not version_accepted(str(got), expected, self.max_staleness):
+                await self._take_out(client, url, f"serves weights {got!r}, the engine's are {expected!r}")
 
     # ---- weight sync ---------------------------------------------------------------------------
 
     def update_weights(self, source: Any, version: str, flush_timeout_s: float = 120.0) -> None:
-        """Load new weights on the server: `source` is an HF checkpoint dir, or a params pytree to export."""
+        """Load new weights on every worker: `source` is an HF checkpoint dir, or a params pytree to export."""
         if isinstance(source, (str, os.PathLike)):
             model_path = os.fspath(source)
         else:
@@ -304,27 +645,113 @@ class SGLangEngine:
 
     async def _aupdate(self, model_path: str, version: str, flush_timeout_s: float) -> None:
         async with self._client() as client:
-            resp = await self._request(
-                client, "POST", "/update_weights_from_disk", {"model_path": model_path, "weight_version": version}
-            )
-            data = resp.json()
-            if not data.get("success", False):
-                raise EngineError(f"SGLang rejected weights {model_path}: {data.get('message', data)}")
+            targets = await self._sync_targets(client)
+            outcome = await asyncio.gather(*(self._load_one(client, u, model_path, version, flush_timeout_s) for u in targets))
+            failed = {u: why for u, why in zip(targets, outcome) if why}
+            if self._mode == "single":  # nothing to rotate: the one server loaded, or the sync failed
+                if failed:
+                    raise EngineError(failed[targets[0]])
+                return
+            if len(failed) == len(targets):
+                if len(targets) == 1:
+                    raise EngineError(next(iter(failed.values())))
+                raise EngineError(f"no SGLang worker loaded {model_path} as {version}: "
+                                  + "; ".join(f"{u}: {why}" for u, why in failed.items()))
+            for url, why in failed.items():
+                await self._take_out(client, url, f"failed to load weights {version} ({why})")
+            for url in targets:
+                if url not in failed:
+                    await self._bring_in(client, url)
+
+    async def _load_one(self, client: httpx.AsyncClient, url: str, model_path: str, version: str,
+                        flush_timeout_s: float) -> str:
+        """Load and flush on one worker; "" on success, else why not."""
+        try:
+            resp = await self._request(client, "POST", url + "/update_weights_from_disk",
+                                       {"model_path": model_path, "weight_version": version})
+            data = _json(resp)
+            if not isinstance(data, dict) or not data.get("success", False):
+                msg = data.get("message", data) if isinstance(data, dict) else data
+                return f"SGLang rejected weights {model_path}: {msg}"
             # The KV/radix cache holds activations of the old weights: flush once requests have drained.
             deadline = time.monotonic() + flush_timeout_s
             delay = self.backoff_s
             while True:
                 try:
-                    r = await client.post(self.base_url + "/flush_cache")
+                    r = await client.post(url + "/flush_cache")
                     if r.status_code == 200:
-                        return
+                        break
                     why = f"HTTP {r.status_code}: {_error_text(r)}"
                 except (httpx.TransportError, httpx.TimeoutException) as e:
                     why = f"{type(e).__name__}: {e}"
                 if time.monotonic() > deadline:
-                    raise EngineError(f"SGLang /flush_cache did not succeed within {flush_timeout_s:.0f}s: {why}")
+                    return f"SGLang /flush_cache did not succeed within {flush_timeout_s:.0f}s: {why}"
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+            # Servers that report their weight version (SGLang 0.5.x, mpa serve) must report the new one.
+            try:
+                got = (await self._model_info(client, url, retries=1)).get("weight_version")
+            except EngineError:
+                got = None
+            if got is not None and str(got) != version:
+                return f"reports weight version {got!r} after loading {version!r}"
+            return ""
+        except EngineError as e:
+            return str(e)
+
+
+def engine_from_config(
+    config: Any,
+    *,
+    vocab_limit: int | None = None,
+    exporter: Callable[[Any, str], None] | None = None,
+    export_root: str | None = None,
+    weight_version: str = "",
+) -> SGLangEngine:
+    """The SGLang client `config.rollout` describes; the one constructor the trainer and `mpa rollout` use.
+
+    Keys (configs/tiny.py): `sglang_url` (a router, or a single server; "" with a worker list),
+    `sglang_workers` (worker URLs: a tuple, or one comma-separated string), `batch_size` (requests in
+    flight), `sglang_timeout_s`, `sglang_max_retries`, `sglang_max_staleness`. Bad values raise
+    ValueError naming the key.
+    """
+    r = config.rollout
+    url = str(r.get("sglang_url", "") or "").strip()
+    raw = r.get("sglang_workers", ())
+    if isinstance(raw, str):
+        workers = [u for u in raw.replace(",", " ").split() if u]
+    elif isinstance(raw, (list, tuple)):
+        workers = [str(u) for u in raw]
+    else:
+        raise ValueError(f"config.rollout.sglang_workers must be a tuple of URLs or a comma-separated string, got {raw!r}")
+    if not url and not workers:
+        raise ValueError("config.rollout.sglang_url (a server or router) or config.rollout.sglang_workers must be set")
+
+    def number(key: str, default: Any, kind: type, lo: float) -> Any:
+        value = r.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)) or value < lo:
+            raise ValueError(f"config.rollout.{key} must be {'an int' if kind is int else 'a number'} >= {lo:g}, got {value!r}")
+        return kind(value)
+
+    try:
+        return SGLangEngine(
+            url or None,
+            workers=workers,
+            max_concurrency=number("batch_size", 32, int, 1),
+            timeout_s=number("sglang_timeout_s", 300.0, float, 1e-3),
+            max_retries=number("sglang_max_retries", 3, int, 0),
+            max_staleness=number("sglang_max_staleness", 0, int, 0),
+            exporter=exporter,
+            export_root=export_root,
+            weight_version=weight_version,
+            vocab_limit=vocab_limit,
+        )
+    except ValueError as e:
+        raise ValueError(f"config.rollout (sglang_url={url!r}, sglang_workers={workers!r}): {e}") from None
+
+
+class _VersionMismatch(EngineError):
+    """A result sampled with other weights than the engine's (a worker missed a sync)."""
 
 
 def hf_exporter(cfg: Any, tokenizer_dir: str | None = None, dtype: str | None = None) -> Callable[[Any, str], None]:
@@ -350,3 +777,18 @@ def _error_text(resp: httpx.Response) -> str:
             err = err.get("message", err)
         return str(err)[:300]
     return str(data)[:300]
+
+
+def _json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
+def _attempts(n: int) -> str:
+    return f"{n} attempt" if n == 1 else f"{n} attempts"
+
+
+def _path(url: str) -> str:
+    return urlsplit(url).path or "/"

@@ -55,7 +55,7 @@ import numpy as np
 
 from mpa_jax import models
 from mpa_jax.rollout import sampling
-from mpa_jax.rollout.types import GenerateResult, SamplingParams, Update
+from mpa_jax.rollout.types import EngineError, GenerateResult, SamplingParams, Update
 
 log = logging.getLogger(__name__)
 
@@ -663,6 +663,7 @@ class SlotLoop:
                 fut.set_result(result)
 
     def _fail_all(self, e: BaseException) -> None:
+        e = _engine_error(e)
         for s, req in enumerate(self._slot):
             if req is not None:
                 self._slot[s] = None
@@ -708,7 +709,7 @@ class SlotLoop:
                                     max(r.top_logprobs for r in big))
             except Exception as e:  # noqa: BLE001 - delivered to those requests
                 for r in big:
-                    self._finish(r, None, e)
+                    self._finish(r, None, _engine_error(e))
             else:
                 self.fallback_rows += len(big)
                 for r, res in zip(big, out):
@@ -862,6 +863,15 @@ class SlotLoop:
             matched_stop=toks[-1] if finish == "stop" and toks else None, prompt_tokens=len(req.prompt),
             weight_version=versions[0], weight_versions=tuple(versions),
             top_logprobs=list(req.tops) if req.top_logprobs else None)
+
+
+def _engine_error(e: BaseException) -> EngineError:
+    """What a request's future raises when the engine failed it: an EngineError (callers treat it as infra)."""
+    if isinstance(e, EngineError):
+        return e
+    err = EngineError(f"{type(e).__name__}: {e}")
+    err.__cause__ = e
+    return err
 
 
 def timed_wait(pred: Callable[[], bool], timeout_s: float) -> bool:

@@ -4,4 +4,4 @@
 """
 from mpa_jax.sft.data import DataError, SFTData, load_sft_data  # noqa: F401
 from mpa_jax.sft.loss import make_sft_loss  # noqa: F401
-from mpa_jax.sft.trainer import SFTResult, run_sft, unigram_loss  # noqa: F401
+from mpa_jax.sft.trainer import SFTDiverged, SFTResult, run_sft, unigram_loss  # noqa: F401

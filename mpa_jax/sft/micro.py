@@ -44,11 +44,11 @@ def learn_one_family(workdir: str, template: str = "contact_group.create", n_tra
     project BPE of `vocab` ids -> SFT of a micro model -> greedy success on the dev split's instances of the
     template(s), at every `eval_every` steps and at the end. `n_loss` more train-split instances per
     template are held out of training for the held-out loss (`eval/loss`)."""
-    from mpa_jax.commands.oracle import episode_to_trajectory
-    from mpa_jax.envs import context, make_env, run_oracle_episode, write_jsonl
+    from mpa_jax.data import encode_episode
+    from mpa_jax.envs import make_env, run_oracle_episode, write_jsonl
     from mpa_jax.envs.benchmark import generate_split
+    from mpa_jax.eval import success_eval
     from mpa_jax.sft import run_sft
-    from mpa_jax.sft.success import success_eval
     from mpa_jax.tokenizer.build import build_tokenizer
     from mpa_jax.tokenizer.template import QWEN3_CHAT_TEMPLATE, render_chat
 
@@ -62,14 +62,14 @@ def learn_one_family(workdir: str, template: str = "contact_group.create", n_tra
     # split_lines holds out round(lines * fraction) episodes: exactly n_loss per template on average
     frac = n_loss / (n_train + n_loss) if n_loss else 0.0
     c = micro_config(vocab, hidden, layers, steps, lr, fmt, reasoning, eval_every=eval_every, eval_fraction=frac)
-    context.configure(c)
-    env = make_env("sandbox")
-    episodes = [run_oracle_episode(env, t, seed=i) for i, t in enumerate(train)]
+    env = make_env("sandbox", config=c)
+    episodes = [run_oracle_episode(env, t, seed=i, reasoning=str(c.context.reasoning)) for i, t in enumerate(train)]
     tok_dir = os.path.join(workdir, "tokenizer")
     texts = [render_chat(None, e.messages, e.tools or None, chat_template=QWEN3_CHAT_TEMPLATE) for e in episodes]
     tok = build_tokenizer(texts, vocab, tok_dir)
     data = os.path.join(workdir, "data.jsonl")
-    write_jsonl(data, [episode_to_trajectory(tok, t, e, i, vocab) for i, (t, e) in enumerate(zip(train, episodes))])
+    write_jsonl(data, [encode_episode(tok, t, e.messages, e.tools, e.steps, e.verification, "oracle", i, vocab)
+                       for i, (t, e) in enumerate(zip(train, episodes))])
     c.tokenizer.path = tok_dir
     hook = success_eval(c, dev, tok, os.path.join(workdir, "success"))
     curve: dict[int, dict[str, float]] = {}

@@ -11,6 +11,7 @@ recipe as the repository has it now (tests/integration/test_learning.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -121,31 +122,28 @@ def build_starter(config: Any, workdir: str, out_dir: str, *, eval_seen: int = 9
                   log: Any = print, note: str = "") -> dict[str, Any]:
     """Build (or finish building) the starter into `out_dir`; returns the datasheet. Every stage resumes:
     existing demonstrations are reused, SFT resumes from its latest checkpoint."""
-    from mpa_jax import rollout
-    from mpa_jax.commands.oracle import make_oracle_trajectories
-    from mpa_jax.envs import context
-    from mpa_jax.sft.success import dev_subset, success_eval, success_metrics
+    from mpa_jax.data import oracle_dataset
+    from mpa_jax.envs.context import ContextFormat
+    from mpa_jax.eval import CATEGORY_NAMES, Evaluator, eval_metrics, select_tasks, success_eval, success_view
     from mpa_jax.sft.trainer import run_sft
     from mpa_jax.tokenizer import tokenizer_for_config
 
     t0 = time.perf_counter()
-    context.configure(config)
     os.makedirs(workdir, exist_ok=True)
     tok = tokenizer_for_config(config, workdir)
     data = data or os.path.join(workdir, f"oracle-{config.oracle.split}.jsonl")
     if not os.path.isfile(data):
-        data = make_oracle_trajectories(config, workdir, out=data)
+        data, _, _ = oracle_dataset(config, workdir, out=data)
     seed = int(config.tasks.seed)
     on_eval = None
     if curve_seen or curve_held_out:
-        on_eval = success_eval(config, dev_subset("dev", curve_seen, curve_held_out, seed), tok,
+        on_eval = success_eval(config, select_tasks("dev", n_seen=curve_seen, n_held_out=curve_held_out, seed=seed), tok,
                                os.path.join(workdir, "success"), log=log)
     result = run_sft(config, workdir, data, export=True, on_eval=on_eval)
-    final_tasks = dev_subset("dev", eval_seen, eval_held_out, seed)
-    path = os.path.join(workdir, "rollouts", "final-dev.jsonl")
-    summary = rollout.run_rollouts(config, result.export_dir, tasks=final_tasks, out_path=path, workdir=workdir,
-                                   greedy=True, label="starter")
-    final = success_metrics(summary, path, final_tasks)
+    ev = Evaluator(config, select_tasks("dev", n_seen=eval_seen, n_held_out=eval_held_out, seed=seed), tokenizer=tok)
+    metrics = eval_metrics(ev.run(ev.engine_for(result.export_dir, workdir), os.path.join(workdir, "rollouts", "final-dev.jsonl"),
+                                  greedy=True, label="starter"))
+    raw = {v: k for k, v in CATEGORY_NAMES.items()}
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     shutil.copytree(result.export_dir, out_dir)
@@ -158,15 +156,15 @@ def build_starter(config: Any, workdir: str, out_dir: str, *, eval_seen: int = 9
         "command": "mpa starter --config configs/starter.py --workdir runs/starter --out starter",
         "recipe": recipe,
         "recipe_hash": recipe_hash(recipe),
-        "context": {"format": context.current_format(), "reasoning": context.current_reasoning()},
+        "context": ContextFormat.from_config(config).to_dict(),
         "data": {"split": str(config.oracle.split), "episodes": n_episodes, "per_template": int(config.tasks.per_template),
                  "fingerprint": _sha256(data)},
         "train": train_summary(result.metrics_path),
         "rows_per_step": int(config.sft.batch_size), "seq_len": int(config.sft.seq_len),
         "success_curve": success_curve(result.metrics_path),
         "final_eval": {"split": "dev", "greedy": True, "tasks_seen_templates": eval_seen,
-                       "tasks_held_out_templates": eval_held_out, **final,
-                       "by_category": {k: v["success_rate"] for k, v in summary["by_category"].items()}},
+                       "tasks_held_out_templates": eval_held_out, **success_view(metrics),
+                       "by_category": {raw.get(k, k): v["success"] for k, v in metrics["by_category"].items()}},
         "build_wall_s_this_invocation": time.perf_counter() - t0,
     }
     if note:
@@ -174,6 +172,65 @@ def build_starter(config: Any, workdir: str, out_dir: str, *, eval_seen: int = 9
     with open(os.path.join(out_dir, DATASHEET), "w", encoding="utf-8") as f:
         json.dump(sheet, f, indent=2, sort_keys=True)
     return sheet
+
+
+@dataclasses.dataclass
+class Starter:
+    """A starter planner directory: an exported HF model + tokenizer + datasheet."""
+
+    path: str
+    hf_config: dict[str, Any]
+    datasheet: dict[str, Any]
+
+
+class StarterError(ValueError):
+    """A starter directory is missing or incomplete; the message names the file."""
+
+
+def find_starter(path: str) -> str | None:
+    """`path` as given, else relative to the repository (a run may start from anywhere); None if absent."""
+    if not path:
+        return None
+    for cand in (path, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), path)):
+        if os.path.isfile(os.path.join(cand, "config.json")):
+            return cand
+    return None
+
+
+def load_starter(path: str) -> Starter:
+    """Read a starter directory's config.json and datasheet.json (one clear error when either is missing)."""
+    files = {}
+    for name in ("config.json", DATASHEET):
+        full = os.path.join(path, name)
+        if not os.path.isfile(full):
+            raise StarterError(f"starter directory {path} has no {name}; rebuild it with `mpa starter` or pass --starter ''")
+        with open(full, encoding="utf-8") as f:
+            files[name] = json.load(f)
+    return Starter(path, files["config.json"], files[DATASHEET])
+
+
+def with_starter(config: Any, starter: Starter) -> Any:
+    """A copy of `config` pointed at the starter: its model shape, its tokenizer, its context format; training
+    starts from its weights and packs and computes like its recipe."""
+    from mpa_jax import models
+
+    config = config.copy_and_resolve_references()
+    cfg = models.ModelConfig.from_hf(starter.hf_config)
+    for key, value in cfg.to_hf().items():
+        if key in config.model and not isinstance(value, (dict, list)):
+            config.model[key] = value
+    config.model.init_from = os.path.abspath(starter.path)
+    config.tokenizer.path = os.path.abspath(starter.path)
+    ctx = starter.datasheet.get("context", {})
+    config.context.format = ctx.get("format", "json")
+    config.context.reasoning = ctx.get("reasoning", "full")
+    recipe = starter.datasheet.get("recipe", {})
+    for key in ("sft.seq_len", "model.compute_dtype"):  # the refresh packs and computes like the starter's recipe
+        if key in recipe:
+            section, name = key.split(".")
+            config[section][name] = recipe[key]
+    config.rollout.max_total_tokens = min(int(config.rollout.max_total_tokens), int(cfg.max_position_embeddings))
+    return config
 
 
 def _sha256(path: str) -> str:

@@ -84,24 +84,32 @@ def _local_rows(shard: NamedSharding, num_rows: int, seq_len: int) -> list[int]:
     return sorted(rows)
 
 
-def _model_and_params_source(config: Any) -> tuple[models.ModelConfig, str]:
-    """The model config (from config.model, or the HF dir in config.model.init_from) and that dir."""
-    return models.run_model_config(config)
+def _last_good(checkpointer: Any, ck_dir: str) -> str:
+    step = checkpointer.latest_step()
+    return "none written yet" if step is None else f"step {step} in {ck_dir}"
 
 
-def _window_mean(window: list[Mapping[str, jax.Array]]) -> dict[str, float]:
-    """Metrics over the steps since the last log: token-weighted loss, mean grad norm, last lr."""
+class SFTDiverged(RuntimeError):
+    """`sft.max_bad_updates` steps in a row had a non-finite loss or gradient norm; the last good checkpoint is kept."""
+
+
+def _window_mean(window: list[Mapping[str, jax.Array]]) -> tuple[dict[str, float], list[bool]]:
+    """Metrics over the steps since the last log (token-weighted loss, mean grad norm, last lr; the finite
+    steps only, and how many were not) and each step's non-finite flag."""
     host = [{k: float(v) for k, v in jax.device_get(dict(m)).items()} for m in window]
-    loss_sum = sum(h["loss_sum"] for h in host)
-    tokens = sum(h["tokens"] for h in host)
+    bad = [h["nonfinite"] > 0 for h in host]
+    good = [h for h, b in zip(host, bad) if not b] or host
+    loss_sum = sum(h["loss_sum"] for h in good)
+    tokens = sum(h["tokens"] for h in good)
     return {
         "loss": loss_sum / max(tokens, 1.0),
         "loss_sum": loss_sum,
         "tokens": tokens,
-        "grad_norm": sum(h["grad_norm"] for h in host) / len(host),
+        "grad_norm": sum(h["grad_norm"] for h in good) / len(good),
         "lr": host[-1]["lr"],
         "steps_in_window": float(len(host)),
-    }
+        "nonfinite_steps": float(sum(bad)),
+    }, bad
 
 
 def run_sft(
@@ -131,13 +139,13 @@ def run_sft(
         raise ValueError("no SFT data: pass a trajectory file (config.sft.data)")
     total_steps = int(sft.steps)
     stop_at = total_steps if max_steps is None else min(int(max_steps), total_steps)
-    export = bool(sft.get("export", False)) if export is None else export
+    export = bool(sft.export) if export is None else export
     num_rows, seq_len, micro = int(sft.batch_size), int(sft.seq_len), int(sft.micro_batches)
     if micro <= 0 or num_rows % micro:
         raise ValueError(f"sft.batch_size={num_rows} must be a positive multiple of sft.micro_batches={micro}")
     is_main = jax.process_index() == 0
 
-    cfg, init_from = _model_and_params_source(config)
+    cfg, init_from = models.run_model_config(config)
     rules = sharding.rules_from_config(config)
     mesh = sharding.make_learner_mesh(config.mesh)
     row_shard = sharding.batch_sharding(mesh, rules, 2)
@@ -154,8 +162,8 @@ def run_sft(
         num_rows=num_rows,
         local_rows=_local_rows(row_shard, num_rows, seq_len),
         seed=int(config.seed),
-        eval_fraction=float(sft.get("eval_fraction", 0.0)),
-        only_success=bool(sft.get("only_success", False)),
+        eval_fraction=float(sft.eval_fraction),
+        only_success=bool(sft.only_success),
     )
     optimizer, _ = optlib.optimizer_from_config(sft)
     p_shardings = sharding.param_shardings(cfg, mesh, rules)
@@ -166,7 +174,7 @@ def run_sft(
     meta = {
         "model": cfg.to_hf(),
         "data": {"fingerprint": data.fingerprint, "seed": int(config.seed), "seq_len": seq_len, "rows": num_rows,
-                 "eval_fraction": float(sft.get("eval_fraction", 0.0)), "only_success": bool(sft.get("only_success", False))},
+                 "eval_fraction": float(sft.eval_fraction), "only_success": bool(sft.only_success)},
     }
     ck_dir = os.path.join(workdir, "checkpoints")
     checkpointer = ckpt.Checkpointer(
@@ -188,7 +196,7 @@ def run_sft(
         else:
             state = statelib.create_sharded_state(lambda r: family.init_params(cfg, r), optimizer, int(config.seed), st_shardings)
 
-        step_fn, eval_fn = _compiled_fns(cfg, int(config.model.get("logprob_chunk", 1024)), _opt_key(sft), micro, mesh, rules)
+        step_fn, eval_fn = _compiled_fns(cfg, int(config.model.logprob_chunk), _opt_key(sft), micro, mesh, rules)
         eval_batches = [_global_batch(b, row_shard, num_rows, seq_len) for b in data.eval_batches(int(sft.eval_batches))] if data.has_eval else []
 
         def evaluate(params: Any) -> float | None:
@@ -203,7 +211,7 @@ def run_sft(
         writer = mlib.MetricsWriter(workdir)
         n_params = statelib.param_count(params_shape)
         flops_tok = mlib.train_flops_per_token(n_params, cfg.num_hidden_layers, seq_len, cfg.num_attention_heads * cfg.head_dim)
-        peak = mlib.peak_flops_per_device(override=float(sft.get("peak_flops", 0.0)))
+        peak = mlib.peak_flops_per_device(override=float(sft.peak_flops))
         baseline = unigram_loss(data, cfg.vocab_size)
         if is_main and resumed_from is None:
             writer.write(0, {"unigram_loss": baseline, "params": float(n_params), "train_examples": float(data.stats.train_lines),
@@ -216,6 +224,7 @@ def run_sft(
         losses: list[float] = []
         window_tokens, window_t0 = 0.0, time.perf_counter()
         window: list[Mapping[str, jax.Array]] = []
+        bad_streak, max_bad = 0, int(sft.max_bad_updates)
         bar = _progress(progress and is_main, start, stop_at)
         try:
             for step in range(start, stop_at):
@@ -227,8 +236,15 @@ def run_sft(
                 window_tokens += real
                 done = step + 1
                 if done % log_every == 0 or done == stop_at:
-                    vals = _window_mean(window)
+                    vals, flags = _window_mean(window)
                     window = []
+                    for flag in flags:  # a non-finite step left the weights as they were (train.step)
+                        bad_streak = bad_streak + 1 if flag else 0
+                        if bad_streak >= max_bad:
+                            writer.write(done, vals, prefix="train/")
+                            raise SFTDiverged(f"{bad_streak} SFT steps in a row had a non-finite loss, gradient norm or update "
+                                              f"(config.sft.max_bad_updates={max_bad}); stopped at step {done}; last good "
+                                              f"checkpoint: {_last_good(checkpointer, ck_dir)}")
                     elapsed = max(time.perf_counter() - window_t0, 1e-9)
                     tps = window_tokens / elapsed
                     # tokens_per_s counts every packed token (the step's work); tokens counts the trained ones
@@ -248,7 +264,7 @@ def run_sft(
                         writer.write(done, {**({"loss": ev} if ev is not None else {}), **extra}, prefix="eval/")
                     window_t0 += time.perf_counter() - eval_t0  # train windows time training, not evaluations
                 final = done == stop_at
-                if checkpointer.due(done, force=final):
+                if checkpointer.due(done, force=final) and not float(jax.device_get(m["nonfinite"])):
                     if checkpointer.save(done, state, _positions_array(data.train.positions(), row_shard, num_rows), force=final):
                         if on_save_started is not None:
                             on_save_started(done)
@@ -268,7 +284,7 @@ def run_sft(
     if export:
         from mpa_jax.export import export_checkpoint
 
-        export_dir = export_checkpoint(ck_dir, os.path.join(workdir, "hf"), dtype=str(sft.get("export_dtype", "bfloat16")),
+        export_dir = export_checkpoint(ck_dir, os.path.join(workdir, "hf"), dtype=str(sft.export_dtype),
                                        tokenizer_dir=_tokenizer_dir(config, workdir))
     return SFTResult(
         steps=stop_at,
@@ -287,7 +303,7 @@ def run_sft(
 
 def _opt_key(sft: Any) -> tuple:
     """The optimizer settings as a hashable key (what `optimizer_from_config` reads)."""
-    return tuple((k, sft.get(k, None)) for k in ("lr", "warmup_steps", "steps", "weight_decay", "clip_norm", "b1", "b2", "lr_end_ratio"))
+    return tuple((k, sft[k]) for k in ("lr", "warmup_steps", "steps", "weight_decay", "clip_norm", "b1", "b2", "lr_end_ratio"))
 
 
 @functools.lru_cache(maxsize=4)

@@ -103,44 +103,51 @@ def synthetic_corpus(n: int = 400, seed: int = 0) -> list[str]:
     return texts
 
 
-def _envs_corpus(split: str, max_tasks: int) -> Iterator[str]:
-    """Text from mpa_jax.envs: instructions and histories, and the oracle episodes rendered in chat format."""
+def _envs_corpus(split: str, max_tasks: int, context: Any = None) -> Iterator[str]:
+    """Text from mpa_jax.envs: instructions and histories, and the oracle episodes rendered in chat format in
+    the run's context format (`envs.context.ContextFormat`; default json/full): the text the model will see."""
     if max_tasks <= 0:
         return
     from mpa_jax import envs  # no jax: the tokenizer stays light
+    from mpa_jax.envs.context import ContextFormat
 
+    context = context or ContextFormat()
     tasks = list(envs.load_tasks(split))
     tasks = tasks[:: max(1, len(tasks) // max_tasks)][:max_tasks]  # a spread over domains and templates
-    env = envs.make_env("sandbox")
+    env = envs.make_env("sandbox", context=context)
     try:
         for i, task in enumerate(tasks):
             yield task.instruction
             for turn in task.history:
                 yield json.dumps(turn, ensure_ascii=False)
-            ep = envs.run_oracle_episode(env, task, seed=i)
+            ep = envs.run_oracle_episode(env, task, seed=i, reasoning=context.reasoning)
             yield render_chat(None, ep.messages, ep.tools, chat_template=QWEN3_CHAT_TEMPLATE)
     finally:
         env.close()
 
 
-def project_corpus(split: str = "train", max_tasks: int = 300, seed: int = 0) -> list[str]:
+def project_corpus(split: str = "train", max_tasks: int = 300, seed: int = 0, context: Any = None) -> list[str]:
     """The project's text for BPE training: envs episodes (`max_tasks` of them; 0 for none), plus the synthetic corpus."""
-    return list(_envs_corpus(split, max_tasks)) + synthetic_corpus(seed=seed)
+    return list(_envs_corpus(split, max_tasks, context)) + synthetic_corpus(seed=seed)
 
 
 def build_project_tokenizer(vocab_size: int, out_dir: str, split: str = "train", seed: int = 0,
-                            max_tasks: int = 300, require_tasks: bool = False) -> tuple[Tokenizer, dict[str, Any]]:
+                            max_tasks: int = 300, require_tasks: bool = False,
+                            context: Any = None) -> tuple[Tokenizer, dict[str, Any]]:
     """Build the project BPE into `out_dir` from `project_corpus`; returns it and build facts (also saved
     as mpa_build.json, which `tokenizer_for_config` checks before reusing the directory).
 
     `require_tasks`: raise ValueError when envs gives no text for `split` instead of using synthetic text only.
     """
-    envs_texts = list(_envs_corpus(split, max_tasks))
+    from mpa_jax.envs.context import ContextFormat
+
+    context = context or ContextFormat()
+    envs_texts = list(_envs_corpus(split, max_tasks, context))
     if require_tasks and not envs_texts:
         raise ValueError(f"mpa_jax.envs gave no tasks for split {split!r} (is load_tasks available?)")
     synth = synthetic_corpus(seed=seed)
     tok = build_tokenizer(envs_texts + synth, vocab_size, out_dir)
-    meta = {"vocab_size": vocab_size, "split": split, "seed": seed, "envs_texts": len(envs_texts),
+    meta = {"vocab_size": vocab_size, "split": split, "seed": seed, "context": context.to_dict(), "envs_texts": len(envs_texts),
             "synthetic_texts": len(synth), "tokens": len(tok)}
     with open(os.path.join(out_dir, _BUILD_META), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2, sort_keys=True)
@@ -151,18 +158,22 @@ def project_tokenizer(config: Any, workdir: str) -> Tokenizer:
     """The project BPE of `config.tokenizer.vocab_size` ids, built into `<workdir>/tokenizer` once and
     reused while its size matches (from-scratch models only: `tokenizer.select` picks a pretrained
     checkpoint's own tokenizer first)."""
+    from mpa_jax.envs.context import ContextFormat
+
     vocab_size = int(config.tokenizer.vocab_size)
+    # a tokenizer-only config (no context section) renders its corpus in the default json/full format
+    context = ContextFormat.from_config(config) if "context" in config else ContextFormat()
     out = os.path.join(workdir, "tokenizer")
     meta_path = os.path.join(out, _BUILD_META)
     if is_tokenizer_dir(out) and os.path.isfile(meta_path):
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
-        if meta.get("vocab_size") == vocab_size:
+        # a directory built before the format was recorded is taken as built for this run's format
+        if meta.get("vocab_size") == vocab_size and meta.get("context", context.to_dict()) == context.to_dict():
             return load_tokenizer(out)
-    oracle = config.get("oracle", None)
-    split = str(oracle.get("split", "train")) if oracle is not None else "train"
-    max_tasks = int(config.tokenizer.get("corpus_tasks", 300))
-    tok, _ = build_project_tokenizer(vocab_size, out, split=split, seed=int(config.get("seed", 0)), max_tasks=max_tasks)
+    tok, _ = build_project_tokenizer(vocab_size, out, split=str(config.oracle.split) if "oracle" in config else "train",
+                                     seed=int(config.get("seed", 0)),
+                                     max_tasks=int(config.tokenizer.corpus_tasks), context=context)
     return tok
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 # Names we emit must survive both formats unescaped (the Qwen3 template pastes the name into a JSON string,
 # the XML form into a tag); what models may *read* back is checked by the same pattern.
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _FUNCTION_RE = re.compile(r"<function=([^>\n]*)>")
 _PARAM_RE = re.compile(r"<parameter=([^>\n]*)>")
 
@@ -149,11 +151,47 @@ def _parse_call_body(body: str, errors: list[ToolCallError]) -> ToolCall | None:
     return _parse_json_call(stripped, raw, errors)
 
 
+class _Unrepresentable(ValueError):
+    """JSON that Python reads but no trajectory can hold: NaN/Infinity, a number that overflows, a lone surrogate."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _Unrepresentable(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Unrepresentable(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _check_text(obj: Any) -> None:
+    """Raise on a lone UTF-16 surrogate anywhere in `obj` (from a \\ud800 escape): it cannot be written as UTF-8."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            if _SURROGATE.search(x):
+                raise _Unrepresentable("a string holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)")
+        elif isinstance(x, dict):
+            stack += list(x.keys()) + list(x.values())
+        elif isinstance(x, list):
+            stack += x
+
+
+def strict_json(text: str) -> Any:
+    """`json.loads` that refuses what a Trajectory cannot keep (non-finite numbers, lone surrogates)."""
+    obj = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+    _check_text(obj)
+    return obj
+
+
 def _parse_json_call(body: str, raw: str, errors: list[ToolCallError]) -> ToolCall | None:
     try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as e:
-        msg = e.msg if isinstance(e, json.JSONDecodeError) else "nesting too deep"
+        obj = strict_json(body)
+    except (json.JSONDecodeError, RecursionError, _Unrepresentable) as e:
+        msg = e.msg if isinstance(e, json.JSONDecodeError) else ("nesting too deep" if isinstance(e, RecursionError) else str(e))
         errors.append(ToolCallError("bad_json", f"tool call is not valid JSON: {msg}", raw))
         return None
     if not isinstance(obj, dict):
@@ -173,8 +211,8 @@ def _parse_json_call(body: str, raw: str, errors: list[ToolCallError]) -> ToolCa
     if isinstance(args, str):
         # OpenAI-style arguments given as a JSON string: accept when it holds an object.
         try:
-            args = json.loads(args)
-        except (json.JSONDecodeError, RecursionError):
+            args = strict_json(args)
+        except (json.JSONDecodeError, RecursionError, _Unrepresentable):
             pass
     if not isinstance(args, dict):
         errors.append(ToolCallError("arguments_not_object", f'"arguments" of {name!r} is not a JSON object', raw))
@@ -237,9 +275,9 @@ def _decode_xml_value(value: str) -> Any:
     if value.endswith("\n"):
         value = value[:-1]
     try:
-        return json.loads(value)
-    except (json.JSONDecodeError, RecursionError):
-        return value
+        return strict_json(value)
+    except (json.JSONDecodeError, RecursionError, _Unrepresentable):
+        return value  # text (NaN, 1e999 and unpaired escapes stay the text they are)
 
 
 def format_tool_call(name: str, arguments: dict[str, Any], style: Literal["json", "xml"] = "json") -> str:

@@ -160,10 +160,10 @@ def plan(config: Any, num_devices: int) -> dict[str, Any]:
     sft = config.sft
     rows, seq_len, micro = int(sft.batch_size), int(sft.seq_len), int(sft.micro_batches)
     rows_dev = max(1, rows // micro // dp)
-    acts = activation_bytes(cfg, rows_dev * seq_len, seq_len, int(config.model.get("logprob_chunk", 1024)))
+    acts = activation_bytes(cfg, rows_dev * seq_len, seq_len, int(config.model.logprob_chunk))
     ro = config.rollout
     kv = kv_cache_bytes(cfg, int(ro.batch_size), int(ro.max_total_tokens))
-    kv_dev = kv // num_devices if bool(ro.get("sharded", False)) else kv
+    kv_dev = kv // num_devices if bool(ro.sharded) else kv
     grads = state["params"]  # float32 gradients, sharded like the parameters
     total = state["params"] + state["optimizer"] + grads + acts
     shapes = cfg.abstract_params()
@@ -187,7 +187,7 @@ def plan(config: Any, num_devices: int) -> dict[str, Any]:
         "kv_cache": kv_dev,
         "flops_per_step": flops,
         "flops_per_device": flops / num_devices,
-        "fits": {name: (total + (kv_dev if bool(ro.get("sharded", False)) else 0)) <= FIT_FRACTION * cap for name, cap in DEVICES.items()},
+        "fits": {name: (total + (kv_dev if bool(ro.sharded) else 0)) <= FIT_FRACTION * cap for name, cap in DEVICES.items()},
     }
 
 

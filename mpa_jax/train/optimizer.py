@@ -77,5 +77,5 @@ def optimizer_from_config(sft: Any) -> tuple[optax.GradientTransformation, optax
         clip_norm=float(sft.clip_norm),
         b1=float(sft.b1),
         b2=float(sft.b2),
-        end_ratio=float(sft.get("lr_end_ratio", 0.1)),
+        end_ratio=float(sft.lr_end_ratio),
     )

@@ -9,6 +9,15 @@ A loss function may also return a third element, a dict of extra per-token *sums
 KL, entropy, ...): they are summed over micro-batches like the loss and reported divided by the token
 count (a token-weighted mean). Keys ending in `_max` / `_min` are reduced by max / min instead and
 reported as they are. The metric set of a step is therefore the fixed one plus the loss' extras.
+
+The pieces are public so that other update layouts (the RL update's token-budgeted micro-batches,
+`rl/update.py`) apply gradients exactly as this step does: `value_and_grad` (the loss' gradient with its
+sums), `accumulate` (add one micro-batch into an accumulator), `apply_gradients` (divide by the token
+count, clip/optimise, metrics).
+
+A non-finite update is skipped: when the loss, the gradient norm or the update is NaN or inf, `apply_gradients` keeps
+the parameters and optimizer state as they were (the step counter does not advance) and reports
+`nonfinite` = 1, so the trainer can log it, never checkpoint the poisoned step, and stop after a run of them.
 """
 from __future__ import annotations
 
@@ -26,7 +35,7 @@ from mpa_jax.train.state import TrainState
 LossFn = Callable[[Any, Mapping[str, jax.Array]], tuple]
 
 
-def _split_loss_output(out: tuple) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+def split_loss_output(out: tuple) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """(sum, count) or (sum, count, extras) -> (sum, count, extras)."""
     if len(out) == 2:
         return out[0], out[1], {}
@@ -35,7 +44,8 @@ def _split_loss_output(out: tuple) -> tuple[jax.Array, jax.Array, dict[str, jax.
     raise ValueError(f"a loss function returns (sum, count) or (sum, count, extras); got {len(out)} values")
 
 
-def _combine_extras(a: dict[str, jax.Array], b: dict[str, jax.Array]) -> dict[str, jax.Array]:
+def combine_extras(a: dict[str, jax.Array], b: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Two extras sums combined (max/min keys by max/min)."""
     out = {}
     for k in a:
         if k.endswith("_max"):
@@ -45,6 +55,56 @@ def _combine_extras(a: dict[str, jax.Array], b: dict[str, jax.Array]) -> dict[st
         else:
             out[k] = a[k] + b[k]
     return out
+
+
+def zero_extras(shapes: Mapping[str, jax.ShapeDtypeStruct]) -> dict[str, jax.Array]:
+    """The identity of `combine_extras` for extras of these shapes."""
+    return {k: jnp.full(v.shape, -jnp.inf if k.endswith("_max") else (jnp.inf if k.endswith("_min") else 0.0), v.dtype)
+            for k, v in shapes.items()}
+
+
+def value_and_grad(loss_fn: LossFn) -> Callable:
+    """`f(params, batch) -> ((token-loss sum, (token count, extras)), gradient of the sum)`."""
+
+    def wrapped(p, b):
+        s, c, extras = split_loss_output(loss_fn(p, b))
+        return s, (c, extras)
+
+    return jax.value_and_grad(wrapped, has_aux=True)
+
+
+def accumulate(acc: tuple, grads: Any, loss_sum: jax.Array, count: jax.Array, extras: dict[str, jax.Array]) -> tuple:
+    """(summed gradient, loss sum, token count, extras) plus one micro-batch's."""
+    g_acc, s_acc, c_acc, e_acc = acc
+    return jax.tree.map(jnp.add, g_acc, grads), s_acc + loss_sum, c_acc + count, combine_extras(e_acc, extras)
+
+
+def apply_gradients(state: TrainState, grads_sum: Any, loss_sum: jax.Array, count: jax.Array, extras: dict[str, jax.Array], *,
+                    optimizer: optax.GradientTransformation, schedule: optax.Schedule | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step from summed gradients: divide by the token count, update, report the metrics; a
+    non-finite loss or gradient norm leaves the state as it was (`nonfinite` = 1; see the module docstring)."""
+    denom = jnp.maximum(count, 1.0)
+    grads = jax.tree.map(lambda g: g / denom, grads_sum)
+    grad_norm = optax.global_norm(grads)
+    loss = loss_sum / denom
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    # the update's own norm too: a corrupted optimizer state turns finite gradients into non-finite steps
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.global_norm(updates))
+    params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    rng, _ = jax.random.split(state.rng)
+    metrics = {
+        "loss": loss,
+        "loss_sum": loss_sum,
+        "tokens": count,
+        "grad_norm": grad_norm,
+        "lr": schedule(state.step) if schedule is not None else jnp.zeros((), jnp.float32),
+        "nonfinite": 1.0 - finite.astype(jnp.float32),
+        **extras_as_metrics(extras, count),
+    }
+    new = TrainState(params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
+                     step=state.step + finite.astype(state.step.dtype), rng=rng)
+    return new, metrics
 
 
 def extras_as_metrics(extras: Mapping[str, jax.Array], count: jax.Array) -> dict[str, jax.Array]:
@@ -77,37 +137,31 @@ def grads_and_stats(
     micro_batch_sharding: Mapping[str, NamedSharding] | None = None,
     *,
     with_extras: bool = False,
+    divide: bool = True,
 ) -> tuple:
     """(gradient of the mean token loss, token-loss sum, token count[, summed extras]) over `batch`,
-    accumulating micro-batches. The extras are returned only with `with_extras`."""
+    accumulating micro-batches. The extras are returned only with `with_extras`; `divide=False` returns
+    the summed gradient and the extras (what `apply_gradients` takes)."""
 
-    def wrapped(p, b):
-        s, c, extras = _split_loss_output(loss_fn(p, b))
-        return s, (c, extras)
-
-    grad_fn = jax.value_and_grad(wrapped, has_aux=True)
+    grad_fn = value_and_grad(loss_fn)
     if micro_batches == 1:
         (loss_sum, (count, extras)), grads = grad_fn(params, batch)
     else:
         micro = split_micro_batches(batch, micro_batches)
 
         def body(carry, mb):
-            g_acc, s_acc, c_acc, e_acc = carry
             if micro_batch_sharding is not None:
                 mb = {k: jax.lax.with_sharding_constraint(v, micro_batch_sharding[k]) for k, v in mb.items()}
             (s, (c, e)), g = grad_fn(params, mb)
-            g_acc = jax.tree.map(jnp.add, g_acc, g)
-            return (g_acc, s_acc + s, c_acc + c, _combine_extras(e_acc, e)), None
+            return accumulate(carry, g, s, c, e), None
 
         first = jax.tree.map(lambda v: v[0], micro)
-        extras_shape = jax.eval_shape(lambda p, b: wrapped(p, b)[1][1], params, first)
-        e_init = {
-            k: jnp.full(v.shape, -jnp.inf if k.endswith("_max") else (jnp.inf if k.endswith("_min") else 0.0), v.dtype)
-            for k, v in extras_shape.items()
-        }
+        extras_shape = jax.eval_shape(lambda p, b: split_loss_output(loss_fn(p, b))[2], params, first)
         zeros = jax.tree.map(jnp.zeros_like, params)
-        init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), e_init)
+        init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zero_extras(extras_shape))
         (grads, loss_sum, count, extras), _ = jax.lax.scan(body, init, micro)
+    if not divide:
+        return grads, loss_sum, count, extras
     denom = jnp.maximum(count, 1.0)
     grads = jax.tree.map(lambda g: g / denom, grads)
     if with_extras:
@@ -126,22 +180,8 @@ def train_step(
     micro_batch_sharding: Mapping[str, NamedSharding] | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step; a pure function (jit it with `make_train_step`)."""
-    grads, loss_sum, count, extras = grads_and_stats(
-        loss_fn, state.params, batch, micro_batches, micro_batch_sharding, with_extras=True
-    )
-    grad_norm = optax.global_norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    rng, _ = jax.random.split(state.rng)
-    metrics = {
-        "loss": loss_sum / jnp.maximum(count, 1.0),
-        "loss_sum": loss_sum,
-        "tokens": count,
-        "grad_norm": grad_norm,
-        "lr": schedule(state.step) if schedule is not None else jnp.zeros((), jnp.float32),
-        **extras_as_metrics(extras, count),
-    }
-    return TrainState(params=params, opt_state=opt_state, step=state.step + 1, rng=rng), metrics
+    grads, loss_sum, count, extras = grads_and_stats(loss_fn, state.params, batch, micro_batches, micro_batch_sharding, divide=False)
+    return apply_gradients(state, grads, loss_sum, count, extras, optimizer=optimizer, schedule=schedule)
 
 
 def make_train_step(
@@ -183,7 +223,7 @@ def make_eval_step(
     mesh = next(iter(batch_sharding.values())).mesh
     replicated = NamedSharding(mesh, P())
     return jax.jit(
-        lambda p, b: _split_loss_output(loss_fn(p, b))[:2],
+        lambda p, b: split_loss_output(loss_fn(p, b))[:2],
         in_shardings=(param_shardings, dict(batch_sharding)),
         out_shardings=(replicated, replicated),
     )

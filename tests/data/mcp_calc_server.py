@@ -1,9 +1,11 @@
 """A small real MCP server (official `mcp` SDK, stdio transport) for the harness tests.
 
-Tools: `add(a, b)`, `echo(text)`, `crash()` (exits the process: the client must see INFRA and restart
-the server) and `pid()` (the server's process id, to tell a restarted server from the first one).
+Tools: `add(a, b)`, `echo(text)`, `crash()` (exits the process with code 3: the client must see INFRA and
+restart the server) and `pid()` (the server's process id, to tell a restarted server from the first one).
+It prints one line on stderr when it starts (the harness must capture it to the run's log).
 """
 import os
+import sys
 
 from mcp.server.mcpserver import MCPServer
 
@@ -35,4 +37,5 @@ def pid() -> int:
 
 
 if __name__ == "__main__":
+    print(f"mcp_calc_server {os.getpid()} ready", file=sys.stderr, flush=True)
     server.run("stdio")

@@ -39,19 +39,27 @@ def test_device_call_prints_feedback_json(adb, tmp_path, capsys):
     assert rc == 0
     fb = json.loads(out)
     assert fb["status"] == "ok" and isinstance(fb["result"], dict)
-    # --no-reset continues the same episode: a bad argument is the policy's error, not infra
+    # --no-reset continues the same episode: a bad argument is the policy's error, not infra; error
+    # Feedback exits 1, as `mpa harness call` does
     rc = _mpa("device", "call", "--device", dev.serial, "--adb-port", str(srv.port), "--tool", "search_contacts",
               "--args", json.dumps({"query": 3}), "--no-reset", workdir=tmp_path)
-    assert rc == 0 and json.loads(capsys.readouterr().out)["error_code"] == "INVALID_ARGUMENTS"
+    assert rc == 1 and json.loads(capsys.readouterr().out)["error_code"] == "INVALID_ARGUMENTS"
 
 
 def test_device_call_user_errors(adb, tmp_path, capsys):
     srv, dev = adb
     assert _mpa("device", "call", "--device", dev.serial, "--tool", "x", "--args", "{bad", workdir=tmp_path) == 2
     assert "--args is not valid JSON" in capsys.readouterr().err
+    # an unknown tool is the device's answer (UNKNOWN_TOOL Feedback, exit 1), as in `mpa harness call`
     assert _mpa("device", "call", "--device", dev.serial, "--adb-port", str(srv.port), "--tool", "no_such_tool",
-                workdir=tmp_path) == 2
-    assert "no test task allows tool 'no_such_tool'" in capsys.readouterr().err
+                workdir=tmp_path) == 1
+    assert json.loads(capsys.readouterr().out)["error_code"] == "UNKNOWN_TOOL"
+    assert _mpa("device", "call", "--device", dev.serial, "--adb-port", str(srv.port), "--tool", "get_contact",
+                "--task", "no-such-task", workdir=tmp_path) == 2
+    assert "no task 'no-such-task' in split test" in capsys.readouterr().err
+    assert _mpa("device", "call", "--device", dev.serial, "--adb-port", str(srv.port), "--tool", "get_contact",
+                "--task", "x", "--no-reset", workdir=tmp_path) == 2
+    assert "pass one of them" in capsys.readouterr().err
     assert _mpa("oracle", "--env", "adb", workdir=tmp_path) == 2
     assert "--env adb needs --device" in capsys.readouterr().err
     assert _mpa("rollout", "--config.envs.kind=simulated", workdir=tmp_path) == 2
@@ -59,7 +67,7 @@ def test_device_call_user_errors(adb, tmp_path, capsys):
 
 
 def test_oracle_on_the_device(adb, tmp_path):
-    from mpa_jax.commands.oracle import make_oracle_trajectories
+    from mpa_jax.data import oracle_dataset
 
     srv, dev = adb
     c = load_config_file(os.path.join(ROOT, "configs/tiny.py"))
@@ -67,7 +75,7 @@ def test_oracle_on_the_device(adb, tmp_path):
     c.tokenizer.corpus_tasks = 20
     c.oracle.variants = 1
     c.envs.kind, c.envs.adb.device, c.envs.adb.adb_port = "adb", dev.serial, srv.port
-    path = make_oracle_trajectories(c, str(tmp_path), "test", max_tasks=4, progress=False)
+    path, _, _ = oracle_dataset(c, str(tmp_path), split="test", max_tasks=4, progress=False)
     trajs = read_jsonl(path, Trajectory)
     assert len(trajs) == 4
     assert all(t.provenance["env"] == "adb" and t.verification.success and not t.infra_failure for t in trajs)

@@ -4,7 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mpa_jax.commands.demo import stratified, tool_call_outcomes
+from mpa_jax.commands.demo import tool_call_outcomes
+from mpa_jax.eval import stratified
 from mpa_jax.envs import Action, Feedback, ErrorCode, Step, Trajectory, load_tasks, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-from mpa_jax.eval import harness_available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,17 +23,15 @@ def _mpa(tmp_path, cache, *args):
 
 
 def test_eval_writes_metrics_for_k_runs(tmp_path, cache):
-    ok, _ = harness_available()
-    modes = ["off", "on"] if ok else ["off"]  # --harness both: the same checkpoint with and without the harness
-    res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--k", "2", "--max-tasks", "2", "--harness", "both" if ok else "off")
+    modes = ["off", "on"]  # --harness both: the same checkpoint with and without the harness
+    res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--k", "2", "--max-tasks", "2", "--harness", "both")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rep = json.loads((tmp_path / "run" / "eval" / "untrained" / "eval.json").read_text())
     assert rep["k"] == 2 and rep["tasks"] == 2 and rep["split"] == "test" and not rep["greedy"]
     assert sorted(rep["harness"]) == sorted(modes)
-    if ok:
-        assert "harness_delta_success" in rep and "harness on - off" in res.stdout
-        on = [json.loads(line) for line in open(tmp_path / "run" / "eval" / "untrained" / "on" / "run0.jsonl")]
-        assert all(t["provenance"]["harness_version"] not in ("", "none") for t in on)
+    assert "harness_delta_success" in rep and "harness on - off" in res.stdout
+    on = [json.loads(line) for line in open(tmp_path / "run" / "eval" / "untrained" / "on" / "run0.jsonl")]
+    assert all(t["provenance"]["harness_version"] not in ("", "none") for t in on)
     m = rep["harness"]["off"]
     o = m["overall"]
     assert o["runs"] + m["infra_failures"] == 4
@@ -53,7 +50,5 @@ def test_eval_bad_input_exits_2(tmp_path, cache):
     assert res.returncode == 2 and "no such directory" in res.stderr and res.stderr.count("\n") == 1
     res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--harness", "sometimes")
     assert res.returncode == 2 and "--harness must be one of" in res.stderr
-    ok, why = harness_available()
-    if not ok:  # until the harness runtime lands, `on` and `both` are refused with the reason
-        res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--harness", "both")
-        assert res.returncode == 2 and "harness" in res.stderr and why in res.stderr
+    res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--samples", "2", "--pass-k", "3")
+    assert res.returncode == 2 and "k=3" in res.stderr and res.stderr.count("\n") == 1

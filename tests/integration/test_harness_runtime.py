@@ -161,10 +161,10 @@ def test_sub_agent_runs_with_its_own_context_tools_and_ledger_attribution(dev):
 
 
 def test_agent_loop_with_harness_enabled_records_version_and_succeeds(tok, dev, tmp_path):
-    """`harness.enabled` in `run_rollouts`: the same scripted model, raw env vs harness env."""
+    """`harness.enabled` in the episode runner: the same scripted model, raw env vs harness env."""
     from mpa_jax.config import load_config_file
     from mpa_jax.harness.store import HarnessStore
-    from mpa_jax.rollout.run import run_rollouts
+    from mpa_jax.eval import Evaluator, eval_metrics
     from mpa_jax.rollout.testing import ScriptedEngine
 
     tasks = [t for t in dev if t.category == "tool_use" and not t.faults][:3]
@@ -183,13 +183,13 @@ def test_agent_loop_with_harness_enabled_records_version_and_succeeds(tok, dev, 
         config.harness.tools = "catalog"
         config.harness.store = str(tmp_path / "traces.sqlite") if enabled else ""
         out = tmp_path / f"roll_{enabled}.jsonl"
-        summary = run_rollouts(config, ScriptedEngine(tok, script), tasks, str(out), tokenizer=tok, progress=False, greedy=True)
-        results[enabled] = summary
+        trajs = Evaluator(config, tasks, tokenizer=tok, progress=False).run(ScriptedEngine(tok, script), str(out), greedy=True)
+        results[enabled] = eval_metrics(trajs)["overall"]
         trajs = [json.loads(line) for line in out.read_text().splitlines()]
         assert {t["provenance"]["harness_version"] for t in trajs} == ({"0.1.0"} if enabled else {"none"})
         if enabled:
             assert all(t["provenance"]["harness"]["mode"] == "catalog" for t in trajs)
-    assert results[True]["success"] == results[False]["success"] == len(tasks)
+    assert results[True]["success"] == results[False]["success"] == 1.0
     with HarnessStore(str(tmp_path / "traces.sqlite")) as store:
         kinds = [s["kind"] for s in store.steps()]
         assert kinds.count("reset") == len(tasks) and kinds.count("verify") == len(tasks) and "feedback" in kinds
@@ -206,11 +206,11 @@ def test_bad_harness_config_names_the_key():
         HarnessConfig.from_config(c)
 
 
-def test_sub_agents_in_the_token_loop_through_run_rollouts(tok, dev, tmp_path):
+def test_sub_agents_in_the_token_loop_through_the_runner(tok, dev, tmp_path):
     """`harness.subagents`: the planner delegates, the sub-agent runs as its own engine calls (its own
     prompt and tools), the planner's Trajectory keeps the sub-agent's sampled ids apart."""
     from mpa_jax.config import load_config_file
-    from mpa_jax.rollout.run import run_rollouts
+    from mpa_jax.eval import Evaluator, eval_metrics
     from mpa_jax.rollout.testing import ScriptedEngine
 
     tasks = [t for t in dev if t.roles and [g["kind"] for g in t.gold].count("delegate") == 2][:2]
@@ -242,8 +242,8 @@ def test_sub_agents_in_the_token_loop_through_run_rollouts(tok, dev, tmp_path):
     config.harness.enabled = True
     config.harness.subagents = True
     out = tmp_path / "sub.jsonl"
-    summary = run_rollouts(config, ScriptedEngine(tok, script), tasks, str(out), tokenizer=tok, progress=False, greedy=True)
-    assert summary["success"] == len(tasks), summary
+    trajs = Evaluator(config, tasks, tokenizer=tok, progress=False).run(ScriptedEngine(tok, script), str(out), greedy=True)
+    assert eval_metrics(trajs)["overall"]["success"] == 1.0, [t.provenance["infra_reason"] for t in trajs]
     for line in out.read_text().splitlines():
         t = json.loads(line)
         roles = [s["agent"] for s in t["provenance"]["subagent_episodes"]]

@@ -87,13 +87,13 @@ def test_oracle_sft_export_reload_on_a_pretrained_checkpoint(hf_dir, tmp_path):
     import transformers
 
     from mpa_jax import models
-    from mpa_jax.commands.oracle import make_oracle_trajectories
+    from mpa_jax.data import oracle_dataset
     from mpa_jax.envs.contract import Trajectory, read_jsonl
     from mpa_jax.sft import run_sft
 
     c = _config(hf_dir, str(tmp_path))
     work = str(tmp_path / "run")
-    data = make_oracle_trajectories(c, work, progress=False)
+    data, _, _ = oracle_dataset(c, work, progress=False)
     own = load_tokenizer(hf_dir)
     trajs = read_jsonl(data, Trajectory)
     assert trajs and max(max(t.tokens) for t in trajs) < own.vocab_size
@@ -120,3 +120,32 @@ def test_oracle_sft_export_reload_on_a_pretrained_checkpoint(hf_dir, tmp_path):
         before = start(torch.tensor(ids, dtype=torch.long)).logits.numpy()
     assert np.abs(before - ref).max() > 1e-3
     assert load_tokenizer(out).encode("text Alex") == own.encode("text Alex")
+
+
+def test_sft_on_diverged_weights_skips_every_update_and_stops_with_one_error(hf_dir, tmp_path):
+    """A checkpoint with a NaN weight (a diverged run): every step's loss is non-finite, so no update is
+    applied, no checkpoint is written, and `sft.max_bad_updates` steps in a row stop the run with one error."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from mpa_jax.sft import SFTDiverged, run_sft
+    from mpa_jax.sft.synthetic import write_trajectories
+
+    bad = tmp_path / "diverged"
+    shutil.copytree(hf_dir, bad)
+    (st,) = [f for f in os.listdir(bad) if f.endswith(".safetensors")]
+    tensors = load_file(str(bad / st))
+    name = next(k for k in tensors if k.endswith("embed_tokens.weight"))
+    tensors[name] = tensors[name].copy()
+    tensors[name][:, 0] = np.nan
+    save_file(tensors, str(bad / st), metadata={"format": "pt"})
+    c = _config(str(bad), str(tmp_path))
+    c.sft.steps, c.sft.log_every, c.sft.max_bad_updates, c.checkpoint.every = 8, 1, 3, 1
+    own = load_tokenizer(str(bad))
+    data = write_trajectories(str(tmp_path / "d.jsonl"), 16, own.vocab_size, seed=3)
+    with pytest.raises(SFTDiverged, match=r"3 SFT steps in a row .*max_bad_updates=3.*stopped at step 3.*last good checkpoint: none written yet"):
+        run_sft(c, str(tmp_path / "run"), data, progress=False)
+    recs = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["train/nonfinite_steps"] for r in recs if "train/nonfinite_steps" in r] == [1.0, 1.0, 1.0]
+    assert not [d for d in os.listdir(tmp_path / "run" / "checkpoints") if d.isdigit()]

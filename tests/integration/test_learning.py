@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from mpa_jax.config import load_config_file
-from mpa_jax.envs import context, load_tasks, make_env, run_oracle_episode, write_jsonl
+from mpa_jax.envs import load_tasks, run_oracle_episode, write_jsonl
+from mpa_jax.envs.context import ContextFormat
+from mpa_jax.envs.sandbox import SandboxEnv
 from mpa_jax.envs.benchmark import generate_split
 from mpa_jax.envs.sandbox import task_tool_specs
 
@@ -15,21 +17,16 @@ ROOT = Path(__file__).resolve().parents[2]
 STARTER = ROOT / "starter"
 
 
-@pytest.fixture
-def compact():
-    context.set_format("compact", "none")
-    yield
-    context._state.clear()  # back to the defaults ($MPA_CONTEXT or json/full)
+COMPACT = ContextFormat("compact", "none")
 
 
 def _task(template: str = "contact.delete", split: str = "train"):
     return next(t for t in load_tasks(split) if t.template == template)
 
 
-def test_compact_context_lists_every_tool_in_one_line_and_passes_no_schemas(compact):
+def test_compact_context_lists_every_tool_in_one_line_and_passes_no_schemas():
     task = _task()
-    env = make_env("sandbox")
-    obs = env.reset(task)
+    obs = SandboxEnv(context=COMPACT).reset(task)
     assert obs["tools"] == []
     system = obs["messages"][0]["content"]
     lines = system.split("Tools:\n", 1)[1].splitlines()
@@ -37,22 +34,19 @@ def test_compact_context_lists_every_tool_in_one_line_and_passes_no_schemas(comp
     search = next(ln for ln in lines if ln.startswith("search_contacts("))
     assert search.startswith("search_contacts(query") and "limit?: integer" in search
     # the json format is unchanged: schemas go to the chat template
-    context.set_format("json")
-    json_obs = env.reset(task)
+    json_obs = SandboxEnv(context=ContextFormat("json")).reset(task)
     assert len(json_obs["tools"]) == len(lines) and "Tools:" not in json_obs["messages"][0]["content"]
 
 
-def test_compact_episode_is_much_shorter_and_demonstrations_drop_reasoning(compact):
+def test_compact_episode_is_much_shorter_and_demonstrations_drop_reasoning():
     from mpa_jax.tokenizer import render_chat
 
     task = _task()
-    env = make_env("sandbox")
-    ep = run_oracle_episode(env, task, seed=3)
+    ep = run_oracle_episode(SandboxEnv(context=COMPACT), task, seed=3, reasoning=COMPACT.reasoning)
     assert ep.verification.success and ep.tools == []
     assert all("reasoning_content" not in m for m in ep.messages if m["role"] == "assistant")
     compact_text = render_chat(None, ep.messages, None, chat_template=_template())
-    context.set_format("json", "full")
-    full = run_oracle_episode(env, task, seed=3)
+    full = run_oracle_episode(SandboxEnv(context=ContextFormat("json", "full")), task, seed=3, reasoning="full")
     assert full.verification.success and any(m.get("reasoning_content") for m in full.messages)
     json_text = render_chat(None, full.messages, full.tools, chat_template=_template())
     assert len(compact_text) * 2.5 < len(json_text)
@@ -68,10 +62,10 @@ def test_context_format_errors_name_the_key():
     cfg = load_config_file(str(ROOT / "configs" / "tiny.py"))
     cfg.context.format = "yaml"
     with pytest.raises(ValueError, match="config.context.format"):
-        context.configure(cfg)
+        ContextFormat.from_config(cfg)
     cfg.context.format, cfg.context.reasoning = "compact", "some"
     with pytest.raises(ValueError, match="config.context.reasoning"):
-        context.configure(cfg)
+        ContextFormat.from_config(cfg)
 
 
 def test_micro_model_learns_one_template_family_and_solves_held_out_instances(tmp_path):
@@ -93,15 +87,15 @@ def test_micro_model_learns_one_template_family_and_solves_held_out_instances(tm
     assert [r["eval/success"] for r in records if "eval/success" in r] == [out["success"]]
 
 
-def test_dev_subset_splits_seen_and_held_out_templates():
-    from mpa_jax.sft.success import dev_subset, held_out_templates
+def test_task_selection_splits_seen_and_held_out_templates():
+    from mpa_jax.eval import held_out_templates, select_tasks
 
-    tasks = dev_subset("dev", 20, 8)
+    tasks = select_tasks("dev", n_seen=20, n_held_out=8)
     ho = held_out_templates()
     assert len(tasks) == 28
     assert sum(t.template in ho for t in tasks) == 8
     assert not {t.template for t in load_tasks("train")} & ho
-    assert dev_subset("dev", 20, 8) == tasks
+    assert select_tasks("dev", n_seen=20, n_held_out=8) == tasks
 
 
 def test_starter_recipe_check_names_the_changed_key():

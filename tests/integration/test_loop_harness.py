@@ -9,7 +9,7 @@ import pytest
 
 from mpa_jax.config import load_config_file
 from mpa_jax.envs import load_tasks, make_env, write_jsonl
-from mpa_jax.loop import Loop, harness_evolution_available
+from mpa_jax.loop import Loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,8 +32,6 @@ def _episodes():
 
 @pytest.mark.parametrize("review", ["auto", "manual"])
 def test_harness_stage_releases_a_reviewed_version(tmp_path, review):
-    ok, why = harness_evolution_available()
-    assert ok, why
     cfg = load_config_file(os.path.join(ROOT, "configs", "micro.py"))
     cfg.loop.harness_review = review
     loop = Loop(cfg, str(tmp_path), progress=False)

@@ -1,5 +1,8 @@
 """The per-kind worker pool (concurrency limits, timeouts -> TIMEOUT Feedback) and the hybrid mixture
-across sandbox, simulated and device envs (the device: the emulated one behind the REAL adb server)."""
+across sandbox, simulated and device envs (the device: the emulated one behind the REAL adb server).
+
+The pool's properties are checked by counted events, never by elapsed seconds: a fake env counts its steps
+in flight, and gates it holds until the test opens them show which calls overlapped or were left behind."""
 from __future__ import annotations
 
 import threading
@@ -16,78 +19,136 @@ from mpa_jax.envs.pool import EnvPool, KindLimits, limits_from_config
 from mpa_jax.envs.simulated import run_gold, simulated_tasks
 
 
+SAFETY_S = 5.0  # a gate that is never opened gives up after this (so a broken pool fails instead of hanging)
+
+
+class _Gauge:
+    """Counts a fake env's steps across threads: entered, in flight now, the most in flight at once, finished."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.entered = self.now = self.max = self.done = 0
+
+    def wait_for(self, pred) -> bool:
+        with self.cond:
+            return self.cond.wait_for(pred, SAFETY_S)
+
+
 class _SlowEnv:
-    """A stand-in env whose step sleeps (a slow device); counts how many steps run at once."""
+    """A stand-in env (a slow device) whose step is counted by a shared _Gauge.
+
+    `meet=n`: the step holds until n steps are in flight at once (or every one of `total` has entered), so a
+    pool that allows n concurrent calls is seen to run n; `gate`: the step holds until the test opens it;
+    `hold_s`: a further sleep, only to give a pool that breaks its limit the chance to show it.
+    """
 
     kind = "slow"
 
-    def __init__(self, delay: float, gauge: dict) -> None:
-        self.delay, self.gauge = delay, gauge
+    def __init__(self, gauge: _Gauge, *, meet: int = 0, total: int = 0, gate: threading.Event | None = None,
+                 hold_s: float = 0.0) -> None:
+        self.gauge, self.meet, self.total, self.gate, self.hold_s = gauge, meet, total, gate, hold_s
 
     def step(self, action):
-        with self.gauge["lock"]:
-            self.gauge["now"] += 1
-            self.gauge["max"] = max(self.gauge["max"], self.gauge["now"])
-        time.sleep(self.delay)
-        with self.gauge["lock"]:
-            self.gauge["now"] -= 1
-        return Feedback(call_id=action.call_id, status="ok", result={"slept": self.delay})
-
-
-def _gauge():
-    return {"lock": threading.Lock(), "now": 0, "max": 0}
+        g = self.gauge
+        with g.cond:
+            g.entered += 1
+            g.now += 1
+            g.max = max(g.max, g.now)
+            g.cond.notify_all()
+        if self.meet:
+            g.wait_for(lambda: g.now >= self.meet or g.entered == self.total)
+        if self.gate is not None:
+            self.gate.wait(SAFETY_S)
+        time.sleep(self.hold_s)
+        with g.cond:
+            g.now -= 1
+            g.done += 1
+            g.cond.notify_all()
+        return Feedback(call_id=action.call_id, status="ok", result={})
 
 
 def test_pool_limits_concurrency_per_kind():
-    g = _gauge()
-    with EnvPool({"slow": KindLimits(concurrency=2, timeout_s=5.0)}) as pool:
-        fbs = pool.step_all([(_SlowEnv(0.05, g), Action.finish()) for _ in range(6)])
-    assert all(fb.ok for fb in fbs) and g["max"] == 2
+    g = _Gauge()
+    with EnvPool({"slow": KindLimits(concurrency=2, timeout_s=30.0)}) as pool:
+        fbs = pool.step_all([(_SlowEnv(g, meet=2, total=6, hold_s=0.05), Action.finish()) for _ in range(6)])
+    # every step met a second one in flight (the limit is used) and no third ever entered (the limit holds)
+    assert all(fb.ok for fb in fbs) and g.done == 6 and g.max == 2
 
 
 def test_timeout_is_timeout_feedback_and_quarantines_the_env():
-    g = _gauge()
-    slow, fast = _SlowEnv(1.0, g), _SlowEnv(0.0, g)
-    with EnvPool({"slow": KindLimits(concurrency=4, timeout_s=0.2)}) as pool:
-        t0 = time.perf_counter()
-        a, b = pool.step_all([(slow, Action.tool_call("x", {}, call_id="c1")), (fast, Action.finish())])
-        assert time.perf_counter() - t0 < 0.9
-        assert a.error_code == ErrorCode.TIMEOUT and a.call_id == "c1" and b.ok
-        again = pool.step_all([(slow, Action.finish())])[0]
-        assert again.error_code == ErrorCode.INFRA and "quarantined" in again.message
-        assert pool.summary()["slow"]["timeouts"] == 1
+    g, gate = _Gauge(), threading.Event()
+    slow, fast = _SlowEnv(g, gate=gate), _SlowEnv(_Gauge())
+    try:
+        with EnvPool({"slow": KindLimits(concurrency=4, timeout_s=0.3)}) as pool:
+            a, b = pool.step_all([(slow, Action.tool_call("x", {}, call_id="c1")), (fast, Action.finish())])
+            # step_all answered while the slow step was still held at its gate: it did not wait for it
+            assert (g.entered, g.done) == (1, 0)
+            assert a.error_code == ErrorCode.TIMEOUT and a.call_id == "c1" and b.ok
+            again = pool.step_all([(slow, Action.finish())])[0]
+            assert again.error_code == ErrorCode.INFRA and "quarantined" in again.message
+            assert g.entered == 1  # the quarantined env answered without being stepped again
+            gate.set()  # the abandoned call ends; its env stays quarantined
+            assert g.wait_for(lambda: g.done == 1)
+            assert pool.step_all([(slow, Action.finish())])[0].error_code == ErrorCode.INFRA and g.entered == 1
+            assert pool.summary()["slow"]["timeouts"] == 1
+    finally:
+        gate.set()
 
 
 def test_queue_time_behind_the_limit_does_not_count_as_timeout():
-    g = _gauge()
-    with EnvPool({"slow": KindLimits(concurrency=1, timeout_s=0.3)}) as pool:
-        fbs = pool.step_all([(_SlowEnv(0.1, g), Action.finish()) for _ in range(5)])  # 0.5 s queued in all
-    assert all(fb.ok for fb in fbs)
+    g = _Gauge()
+    with EnvPool({"slow": KindLimits(concurrency=1, timeout_s=1.0)}) as pool:
+        fbs = pool.step_all([(_SlowEnv(g, hold_s=0.1), Action.finish()) for _ in range(12)])
+    # one at a time (max 1) and each step held >= 0.1 s, so the last waited >= 1.1 s in the queue, past the
+    # 1.0 s timeout, while none ran for long: no call may answer TIMEOUT
+    assert g.max == 1 and g.done == 12
+    assert all(fb.ok for fb in fbs) and pool.summary()["slow"]["timeouts"] == 0
 
 
 def test_a_slow_kind_does_not_hold_up_another():
-    g = _gauge()
+    g, gate = _Gauge(), threading.Event()
     sandbox_tasks = [t for t in load_tasks("dev") if not t.faults][:8]
-    with EnvPool({"slow": KindLimits(1, 10.0), "sandbox": KindLimits(8, 10.0)}) as pool:
-        slow = pool.submit(_SlowEnv(0.6, g), lambda: time.sleep(0.6))
-        envs = [SandboxEnv() for _ in sandbox_tasks]
-        t0 = time.perf_counter()
-        pool.call_all([(e, (lambda e=e, t=t: e.reset(t)), "") for e, t in zip(envs, sandbox_tasks)])
-        fbs = pool.step_all([(e, Action.finish()) for e in envs])
-        assert time.perf_counter() - t0 < 0.5 and not slow.done()
-        assert all(fb.ok for fb in fbs)
-        slow.result()
+    try:
+        with EnvPool({"slow": KindLimits(1, 30.0), "sandbox": KindLimits(8, 30.0)}) as pool:
+            stuck = _SlowEnv(g, gate=gate)
+            slow = pool.submit(stuck, lambda: stuck.step(Action.finish()))
+            assert g.wait_for(lambda: g.now == 1)  # the slow kind's one worker is busy until the gate opens
+            envs = [SandboxEnv() for _ in sandbox_tasks]
+            pool.call_all([(e, (lambda e=e, t=t: e.reset(t)), "") for e, t in zip(envs, sandbox_tasks)])
+            fbs = pool.step_all([(e, Action.finish()) for e in envs])
+            # every sandbox call answered while the slow call was still held at its gate
+            assert all(fb.ok for fb in fbs) and not slow.done() and (g.now, g.done) == (1, 0)
+            assert pool.summary()["sandbox"]["calls"] == 16
+            gate.set()
+            assert slow.result(timeout=SAFETY_S).ok
+    finally:
+        gate.set()
 
 
 def test_inline_kind_runs_in_the_caller_while_pooled_kinds_run():
-    g = _gauge()
-    with EnvPool({"slow": KindLimits(4, 5.0), "sandbox": KindLimits(0, 5.0)}) as pool:
-        env = SandboxEnv()
-        env.reset(load_tasks("dev")[0])
-        t0 = time.perf_counter()
-        fbs = pool.step_all([(_SlowEnv(0.3, g), Action.finish()), (env, Action.finish())])
-        assert all(fb.ok for fb in fbs) and time.perf_counter() - t0 < 0.55
-        assert pool.summary()["sandbox"]["calls"] == 1
+    g, gate = _Gauge(), threading.Event()
+    seen = {}
+
+    class InlineSandbox(SandboxEnv):
+        """The inline kind: records its thread and that the pooled step is in flight, then opens its gate."""
+
+        def step(self, action):
+            seen["thread"] = threading.get_ident()
+            seen["overlap"] = g.wait_for(lambda: g.now == 1)  # the pooled step is in flight right now
+            gate.set()
+            return super().step(action)
+
+    try:
+        with EnvPool({"slow": KindLimits(4, 30.0), "sandbox": KindLimits(0, 30.0)}) as pool:
+            env = InlineSandbox()
+            env.reset(load_tasks("dev")[0])
+            fbs = pool.step_all([(_SlowEnv(g, gate=gate), Action.finish()), (env, Action.finish())])
+            # the pooled step could only finish once the inline step opened its gate: the two overlapped
+            assert all(fb.ok for fb in fbs) and seen["overlap"] and g.done == 1
+            assert seen["thread"] == threading.get_ident()  # inline = in the caller's thread
+            assert pool.summary()["sandbox"]["calls"] == 1
+    finally:
+        gate.set()
 
 
 def test_env_exceptions_become_infra():

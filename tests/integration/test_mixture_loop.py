@@ -15,7 +15,7 @@ from mpa_jax.envs.adb.env import AdbEnv
 from mpa_jax.envs.adb.server import AdbServer
 from mpa_jax.envs.pool import EnvPool, KindLimits
 from mpa_jax.envs.sandbox import SandboxEnv
-from mpa_jax.rollout.agent_loop import AgentLoopConfig, run_episodes
+from mpa_jax.rollout.runner import EpisodeConfig, run_episodes
 from mpa_jax.rollout.testing import ScriptedEngine
 
 
@@ -66,12 +66,12 @@ class SlowSandbox(SandboxEnv):
 
 
 def test_round_steps_overlap_and_succeed(tok, tasks):
-    cfg = AgentLoopConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
+    cfg = EpisodeConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
     peaks = {}
     for concurrency in (4, 1):
         SlowSandbox.peak = 0
         with EnvPool({"slow": KindLimits(concurrency=concurrency, timeout_s=5.0)}) as pool:
-            trajs = run_episodes(ScriptedEngine(tok, _script(tok, tasks)), tok, tasks, lambda: SlowSandbox(0.25), cfg, env_pool=pool)
+            trajs = run_episodes(ScriptedEngine(tok, _script(tok, tasks)), tok, tasks, lambda: SlowSandbox(0.25), cfg, pool=pool)
         assert all(t.verification.success and not t.infra_failure for t in trajs)
         peaks[concurrency] = SlowSandbox.peak
     # Tool steps in flight at once (counted, not timed: a loaded host cannot fail it): the episodes of a
@@ -80,21 +80,21 @@ def test_round_steps_overlap_and_succeed(tok, tasks):
 
 
 def test_step_timeout_is_an_infra_episode(tok, tasks):
-    cfg = AgentLoopConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
+    cfg = EpisodeConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
     envs = iter([SlowSandbox(2.0), SlowSandbox(0.0), SlowSandbox(0.0), SlowSandbox(0.0)])
     with EnvPool({"slow": KindLimits(concurrency=4, timeout_s=0.3)}) as pool:
-        trajs = run_episodes(ScriptedEngine(tok, _script(tok, tasks)), tok, tasks, lambda: next(envs), cfg, env_pool=pool)
+        trajs = run_episodes(ScriptedEngine(tok, _script(tok, tasks)), tok, tasks, lambda: next(envs), cfg, pool=pool)
     assert trajs[0].infra_failure and trajs[0].verification.infra_error
     assert "TIMEOUT" in trajs[0].provenance["infra_reason"]
     assert all(t.verification.success for t in trajs[1:])
 
 
 def test_agent_loop_on_the_emulated_device(tok, tasks):
-    cfg = AgentLoopConfig(max_turns=8, max_new_tokens=256, batch_size=1, seed=1, env_kind="adb")
+    cfg = EpisodeConfig(max_turns=8, max_new_tokens=256, batch_size=1, seed=1)
     with AdbServer() as srv, EmulatedDevice() as dev, EnvPool({"adb": KindLimits(1, 10.0)}) as pool:
         srv.connect(dev.serial)
         trajs = run_episodes(ScriptedEngine(tok, _script(tok, tasks)), tok, tasks[:2],
-                             lambda: AdbEnv(dev.serial, adb_port=srv.port), cfg, env_pool=pool)
+                             lambda: AdbEnv(dev.serial, adb_port=srv.port), cfg, pool=pool)
     assert all(t.verification.success and t.provenance["env"] == "adb" for t in trajs)
     local = run_episodes(ScriptedEngine(tok, _script(tok, tasks)), tok, tasks[:2], lambda: make_env("sandbox"), cfg)
     assert [t.tokens for t in trajs] == [t.tokens for t in local]

@@ -22,10 +22,10 @@ def _config():
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    from mpa_jax.commands.oracle import make_oracle_trajectories
+    from mpa_jax.data import oracle_dataset
 
     workdir = str(tmp_path_factory.mktemp("oracle"))
-    path = make_oracle_trajectories(_config(), workdir, "train", max_tasks=5, progress=False)
+    path, _, _ = oracle_dataset(_config(), workdir, split="train", max_tasks=5, progress=False)
     return workdir, path
 
 

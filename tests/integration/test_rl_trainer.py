@@ -13,6 +13,7 @@ mechanics under test need. Infra retries and drops are tested with the scripted 
 from __future__ import annotations
 
 import json
+import os
 
 import jax
 import numpy as np
@@ -56,8 +57,11 @@ class _PatternEnv:
         self.inner.close()
 
 
-def _pattern_env():
-    return _PatternEnv()
+def _pattern_runner():
+    """An EpisodeRunner over `_PatternEnv`s (run_rl's `runner=`)."""
+    from mpa_jax.rollout.runner import EnvFactory, EpisodeRunner
+
+    return EpisodeRunner(EnvFactory(make=lambda _kind: _PatternEnv()))
 
 
 def _reset_pattern():
@@ -108,7 +112,7 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
 
     cfg = _config(tok)
     _reset_pattern()
-    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, env_factory=_pattern_env, on_step=check, progress=False)
+    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, runner=_pattern_runner(), on_step=check, progress=False)
     assert [d for d, _ in seen] == [1, 2]
     versions = [int(m["rl/weight_version"]) for _, m in seen]
     updated = [m["rl/updates"] > 0 for _, m in seen]
@@ -126,7 +130,7 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
     # B: a run whose directory holds A's step-1 checkpoint (A "killed" after step 1) resumes and ends where A did.
     _copy_checkpoint(tmp_path / "a", tmp_path / "b", 1)
     _reset_pattern()
-    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_pattern_env, progress=False)
+    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), progress=False)
     assert b.resumed_from == 1 and b.weight_version == a.weight_version
     assert all(np.array_equal(x, y) for x, y in zip(final_a, _params(_state_after(b))))
     rb = [r for r in read_metrics(b.metrics_path) if r["step"] == 2][-1]
@@ -134,7 +138,7 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
         if not k.startswith("time/"):
             assert rb[k] == v or (v != v and rb[k] != rb[k]), k
     extra = json.load(open(tmp_path / "b" / "checkpoints" / "2" / "extra" / "metadata"))
-    assert extra["cursor"] == 8 and extra["weight_version"] == a.weight_version and extra["rl_step"] == 2
+    assert extra["cursor"] == {"sandbox": 8} and extra["weight_version"] == a.weight_version and extra["rl_step"] == 2
     assert extra["competence"]["counts"]["calc.tip_split"] == sum(m["rl/rollouts"] for _, m in seen)
     assert all(m["rl/staleness"] == 0 for _, m in seen)
 
@@ -155,7 +159,7 @@ def test_async_rollouts_are_one_version_stale_and_resume_exactly(tmp_path, tok):
         seen.append(dict(metrics))
 
     _reset_pattern()
-    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, env_factory=_pattern_env, on_step=check, progress=False)
+    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, runner=_pattern_runner(), on_step=check, progress=False)
     assert [m["rl/staleness"] for m in seen] == [0, 1] and all(m["rl/stale_dropped"] == 0 for m in seen)
     extra = json.load(open(tmp_path / "a" / "checkpoints" / "1" / "extra" / "metadata"))
     pre = extra["prefetched"]
@@ -163,7 +167,7 @@ def test_async_rollouts_are_one_version_stale_and_resume_exactly(tmp_path, tok):
     _copy_checkpoint(tmp_path / "a", tmp_path / "b", 1)
     _reset_pattern()  # the resumed step's episodes get the pattern A's step 2 got (16 per step)
     _PatternEnv.created = 16
-    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, env_factory=_pattern_env, progress=False)
+    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), progress=False)
     assert b.resumed_from == 1
     assert all(np.array_equal(x, y) for x, y in zip(_params(_state_after(a)), _params(_state_after(b))))
 
@@ -177,9 +181,10 @@ def _copy_checkpoint(src, dst, step):
 
 def _state_after(result):
     """The TrainState of a finished run's last checkpoint (restored through orbax)."""
-    from mpa_jax.train import checkpoint as ckpt
 
     import orbax.checkpoint as ocp
+
+    from mpa_jax.train import checkpoint as ckpt
 
     mgr = ocp.CheckpointManager(result.checkpoint_dir, item_names=("state",))
     try:
@@ -195,10 +200,11 @@ def _state_after(result):
 
 
 def test_infra_failures_are_retried_then_dropped_never_rewarded(tok):
-    """`run_group_rollouts` with the scripted engine: a task whose env fails once is retried and kept;
-    one whose env always fails is dropped and counted."""
+    """`group_rollouts` with the scripted engine: a task whose env fails once is retried and kept;
+    one whose env always fails is dropped and counted (per kind)."""
     from mpa_jax.envs import load_tasks
-    from mpa_jax.rl.trainer import run_group_rollouts
+    from mpa_jax.rl.rollouts import group_rollouts
+    from mpa_jax.rollout.runner import EnvFactory, EpisodeRunner
     from mpa_jax.rollout.testing import ScriptedEngine
 
     tasks = [t for t in load_tasks("train") if t.template == "calc.tip_split"][:2]
@@ -214,8 +220,10 @@ def test_infra_failures_are_retried_then_dropped_never_rewarded(tok):
 
     cfg = _config(tok)
     cfg.rl.group_size, cfg.rl.infra_retries = 3, 1
-    trajs, groups, dropped = run_group_rollouts(ScriptedEngine(tok, ["All done."]), tok, tasks, cfg, step=0, env_factory=Env)
-    assert dropped == 3 and groups == [0, 0, 0] and len(trajs) == 3
+    with EpisodeRunner(EnvFactory(make=lambda _kind: Env())) as runner:
+        r = group_rollouts(runner, ScriptedEngine(tok, ["All done."]), tok, [("sandbox", t) for t in tasks], cfg, step=0)
+    trajs, groups = r.trajs, r.groups
+    assert r.dropped == {"sandbox": 3} and groups == [0, 0, 0] and len(trajs) == 3
     assert not any(t.infra_failure for t in trajs) and resets[broken] == 6
     assert all(t.provenance["sampling"]["for_ratios"] and t.provenance["sampling"]["top_k"] == -1 for t in trajs)
 
@@ -272,9 +280,82 @@ def test_sglang_weight_sync_over_http(tmp_path, tok):
             seen.append(dict(metrics))
 
         _reset_pattern()
-        res = run_rl(cfg, str(tmp_path / "run"), tokenizer=tok, env_factory=_pattern_env, on_step=check, progress=False)
+        res = run_rl(cfg, str(tmp_path / "run"), tokenizer=tok, runner=_pattern_runner(), on_step=check, progress=False)
     updated = [m["rl/updates"] > 0 for m in seen]
     assert len(seen) == 2 and any(updated)
     # version 0 at start, then one load per step that updated: the version counts the syncs
     assert [v for _, v in served.loads] == [str(i) for i in range(sum(updated) + 1)] and res.weight_version == sum(updated)
     assert all(m["rl/rollouts"] == 16 for m in seen)
+
+
+def test_non_finite_rollouts_are_refused_and_a_diverged_learner_stops_the_run(tmp_path, tok, monkeypatch):
+    """The learner refuses a non-finite field with one error naming the episode; `rl.max_bad_updates`
+    non-finite updates in a row stop the run with one clear error, the last good checkpoint kept. The divergence
+    is injected into the learner's update (its real metrics, `nonfinite` set): producing one for real would
+    also break the sampler, whose NaN log-probs the runner already turns into infra episodes."""
+    from mpa_jax.envs.contract import Trajectory
+    from mpa_jax.rl import batch as rlbatch
+    from mpa_jax.rl.learner import Learner
+    from mpa_jax.rl.trainer import RLDiverged
+
+    traj = Trajectory(task_id="train/t/1", tokens=[1, 2, 3], loss_mask=[0, 1, 1], logprobs=[0.0, -0.5, float("nan")],
+                      steps=[], provenance={"seed": 7, "weight_version": "3"})
+    with pytest.raises(rlbatch.BatchError, match=r"task train/t/1 \(seed 7, weights 3\).*token 2 is nan"):
+        rlbatch.sequence_from_trajectory(traj, 1.0, 16)
+    traj.logprobs[2] = -0.1
+    with pytest.raises(rlbatch.BatchError, match="advantage is inf"):
+        rlbatch.sequence_from_trajectory(traj, float("inf"), 16)
+
+    real = Learner.update
+
+    def diverged_after_step_1(self, seqs, step):
+        metrics, layout = real(self, seqs, step)
+        if step >= 1:  # steps 2, 3, ...: every update non-finite (the weights are left as they were)
+            metrics = [dict(m, nonfinite=1.0) for m in metrics]
+        return metrics, layout
+
+    monkeypatch.setattr(Learner, "update", diverged_after_step_1)
+    cfg = _config(tok, steps=6)
+    cfg.rl.max_bad_updates = 3
+    _reset_pattern()
+    with pytest.raises(RLDiverged, match=r"[34] RL updates in a row .*max_bad_updates=3.*stopped at step 3.*last good checkpoint: step 1"):
+        run_rl(cfg, str(tmp_path / "run"), tokenizer=tok, runner=_pattern_runner(), progress=False)
+    assert sorted(int(d) for d in os.listdir(tmp_path / "run" / "checkpoints") if d.isdigit()) == [1]
+    recs = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
+    bad = [r for r in recs if r.get("rl/nonfinite_updates")]
+    assert bad and all(r["rl/weight_version"] == recs[0]["rl/weight_version"] for r in bad)  # no sync of skipped updates
+
+
+def test_competence_selection_trains_on_fresh_instances_and_resumes_exactly(tmp_path, tok):
+    """`rl.selection = "competence"`: every trained group is a fresh instance (no split's seed) with reward
+    variance; a run stopped after step 1 and resumed ends with the uninterrupted run's weights, table and metrics."""
+    from mpa_jax.rl.rollouts import FRESH_SEED_BASE
+
+    cfg = _config(tok, steps=2)
+    cfg.rl.selection, cfg.rl.templates = "competence", "calc.tip_split,weather.forecast"
+    finals = {}
+
+    def keep(name):
+        return lambda done, metrics, state, engine: finals.__setitem__(name, _params(state))
+
+    _reset_pattern()
+    a = run_rl(cfg, str(tmp_path / "a"), tokenizer=tok, runner=_pattern_runner(), on_step=keep("a"), progress=False)
+    recs = {int(r["step"]): r for r in read_metrics(a.metrics_path)}
+    for step, m in recs.items():
+        assert m["rl/groups_kept"] <= 4 and m["rl/groups_drawn"] >= m["rl/groups_kept"]
+        from mpa_jax.envs import Trajectory, read_jsonl
+
+        trajs = read_jsonl(str(tmp_path / "a" / "rollouts" / f"step_{step:06d}.jsonl"), Trajectory)
+        assert trajs and all("/rl/" in t.task_id and int(t.task_id.rsplit("/", 1)[1]) >= FRESH_SEED_BASE for t in trajs)
+    table = [json.loads(x) for x in open(tmp_path / "a" / "competence.jsonl")]
+    assert [r["step"] for r in table] == [1, 2] and set(table[-1]["templates"]) <= {"calc.tip_split", "weather.forecast"}
+    _reset_pattern()
+    run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), max_steps=1, progress=False)
+    b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), on_step=keep("b"), progress=False)
+    assert b.resumed_from == 1
+    assert all(np.array_equal(x, y) for x, y in zip(finals["a"], finals["b"]))
+    rb = [r for r in read_metrics(b.metrics_path) if r["step"] == 2][-1]
+    for k, v in recs[2].items():
+        if not k.startswith("time/"):
+            assert rb[k] == v or (v != v and rb[k] != rb[k]), k
+    assert [json.loads(x) for x in open(tmp_path / "b" / "competence.jsonl")] == table

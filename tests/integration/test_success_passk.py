@@ -1,4 +1,4 @@
-"""Sampled pass@k next to greedy success (mpa_jax/sft/success.py): the unbiased estimator's maths, its
+"""Sampled pass@k next to greedy success (mpa_jax/eval/success.py, eval/metrics.py): the unbiased estimator's maths, its
 split by seen / held-out templates and category, and a micro run of the SFT success hook with samples."""
 import itertools
 import math
@@ -9,7 +9,7 @@ import pytest
 
 from mpa_jax.envs import Trajectory, Verification, load_tasks, read_jsonl
 from mpa_jax.eval.metrics import pass_at_k
-from mpa_jax.sft.success import held_out_templates, pass_at_k_metrics
+from mpa_jax.eval import held_out_templates, pass_at_k_metrics
 
 
 def _brute_pass_at_k(outcomes: list[bool], k: int) -> float:
@@ -69,33 +69,30 @@ def test_sft_success_hook_reports_sampled_pass_at_k_next_to_greedy(tmp_path):
     """A micro model after 3 SFT steps, the hook with 4 samples per task: greedy keys and pass@1/2/4 keys
     are logged; pass@1 is the sampled runs' mean success (recounted from the rollout file) and pass@k
     grows with k. The rollouts really run (embedded JAX engine, sandbox env)."""
-    from mpa_jax.commands.oracle import episode_to_trajectory
-    from mpa_jax.envs import context, make_env, run_oracle_episode, write_jsonl
+    from mpa_jax.data import encode_episode
+    from mpa_jax.envs import make_env, run_oracle_episode, write_jsonl
     from mpa_jax.envs.benchmark import generate_split
+    from mpa_jax.eval import success_eval
     from mpa_jax.sft import run_sft
     from mpa_jax.sft.micro import micro_config
-    from mpa_jax.sft.success import success_eval
     from mpa_jax.tokenizer.build import build_tokenizer
     from mpa_jax.tokenizer.template import QWEN3_CHAT_TEMPLATE, render_chat
 
     c = micro_config(vocab=384, hidden=32, layers=1, steps=3, lr=3e-3)
     c.rollout.update(dict(max_turns=2, max_new_tokens=12))
-    context.configure(c)
-    try:
-        train = generate_split("train", per_template=8, templates=["contact_group.create"])
-        dev = generate_split("dev", per_template=3, templates=["contact_group.create"])
-        env = make_env("sandbox")
-        eps = [run_oracle_episode(env, t, seed=i) for i, t in enumerate(train)]
-        tok = build_tokenizer([render_chat(None, e.messages, None, chat_template=QWEN3_CHAT_TEMPLATE) for e in eps],
-                              384, str(tmp_path / "tok"))
-        data = str(tmp_path / "data.jsonl")
-        write_jsonl(data, [episode_to_trajectory(tok, t, e, i, 384) for i, (t, e) in enumerate(zip(train, eps))])
-        c.tokenizer.path = str(tmp_path / "tok")
-        hook = success_eval(c, dev, tok, str(tmp_path / "success"), samples=4, ks=(1, 2, 4), temperature=1.0)
-        seen = {}
-        run_sft(c, str(tmp_path / "run"), data, on_eval=lambda s, p: seen.setdefault(s, hook(s, p)), progress=False)
-    finally:
-        context._state.clear()
+    train = generate_split("train", per_template=8, templates=["contact_group.create"])
+    dev = generate_split("dev", per_template=3, templates=["contact_group.create"])
+    env = make_env("sandbox", config=c)
+    eps = [run_oracle_episode(env, t, seed=i, reasoning=str(c.context.reasoning)) for i, t in enumerate(train)]
+    tok = build_tokenizer([render_chat(None, e.messages, None, chat_template=QWEN3_CHAT_TEMPLATE) for e in eps],
+                          384, str(tmp_path / "tok"))
+    data = str(tmp_path / "data.jsonl")
+    write_jsonl(data, [encode_episode(tok, t, e.messages, e.tools, e.steps, e.verification, "oracle", i, 384)
+                       for i, (t, e) in enumerate(zip(train, eps))])
+    c.tokenizer.path = str(tmp_path / "tok")
+    hook = success_eval(c, dev, tok, str(tmp_path / "success"), samples=4, ks=(1, 2, 4), temperature=1.0)
+    seen = {}
+    run_sft(c, str(tmp_path / "run"), data, on_eval=lambda s, p: seen.setdefault(s, hook(s, p)), progress=False)
     m = seen[3]
     assert {"success", "success_seen", "pass@1", "pass@2", "pass@4", "pass@1_seen", "pass@4_tool_use"} <= set(m)
     runs = read_jsonl(os.path.join(str(tmp_path / "success"), "step_3.sampled.jsonl"), Trajectory)
@@ -111,8 +108,8 @@ def test_sft_success_hook_reports_sampled_pass_at_k_next_to_greedy(tmp_path):
 
 
 def test_success_eval_rejects_k_above_samples(tmp_path):
+    from mpa_jax.eval import success_eval
     from mpa_jax.sft.micro import micro_config
-    from mpa_jax.sft.success import success_eval
 
     c = micro_config(vocab=384, hidden=32, layers=1, steps=1, lr=1e-3)
     with pytest.raises(ValueError, match="k=8 needs at least 8 samples"):

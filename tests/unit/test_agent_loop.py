@@ -1,14 +1,18 @@
-"""The agent loop against the real sandbox env and tokenizer: token bookkeeping, feedback turns, limits, infra."""
+"""The episode runner against the real sandbox env and tokenizer: token bookkeeping, feedback turns, limits, infra."""
 from __future__ import annotations
 
 import json
+
+import numpy as np
 
 import pytest
 
 from mpa_jax import tokenizer as tk
 from mpa_jax.envs import ErrorCode, Feedback, load_tasks, make_env
 from mpa_jax.envs.sandbox import SandboxEnv
-from mpa_jax.rollout.agent_loop import PARSE_HINT, AgentLoopConfig, run_episodes, summarize
+from mpa_jax.eval import eval_metrics
+from mpa_jax.harness.episode import PARSE_HINT
+from mpa_jax.rollout.runner import EpisodeConfig, run_episodes
 from mpa_jax.rollout.testing import ScriptedEngine
 from mpa_jax.rollout.types import EngineError
 
@@ -44,7 +48,7 @@ def gold_script(tok, tasks):
 
 def test_gold_replay_succeeds_with_exact_token_bookkeeping(tok, tasks):
     engine = ScriptedEngine(tok, gold_script(tok, tasks))
-    cfg = AgentLoopConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
+    cfg = EpisodeConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
     trajs = run_episodes(engine, tok, tasks, lambda: make_env("sandbox"), cfg)
     assert [t.task_id for t in trajs] == [t.id for t in tasks]
     for task, traj in zip(tasks, trajs):
@@ -67,15 +71,15 @@ def test_gold_replay_succeeds_with_exact_token_bookkeeping(tok, tasks):
             assert traj.tokens[: len(p)] == p and text.endswith("<|im_start|>assistant\n")
     # Decode steps of different episodes were batched together (4 live episodes per round at first).
     assert max(len(p) for p, _, _ in engine.calls) == 4
-    summary = summarize(trajs)
-    assert summary["success"] == len(tasks) and summary["by_category"]["tool_use"]["success_rate"] == 1.0
+    m = eval_metrics(trajs)
+    assert m["overall"]["success"] == 1.0 and m["overall"]["tasks"] == len(tasks) and m["by_category"]["Tool Use"]["success"] == 1.0
 
 
 def test_token_stream_is_the_chat_rendering_of_what_was_sampled(tok, tasks):
     task = tasks[0]
     first = _gold_text(task.gold[0])
     engine = ScriptedEngine(tok, [first, "All done."])
-    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), AgentLoopConfig(max_turns=4))
+    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), EpisodeConfig(max_turns=4))
     obs = make_env("sandbox").reset(task)
     fb_msg = traj.messages[len(obs["messages"]) + 1]
     assert fb_msg["role"] == "tool"
@@ -93,7 +97,7 @@ def test_malformed_output_becomes_an_error_feedback_turn(tok, tasks):
     task = tasks[0]
     bad = '<tool_call>{"name": "create_contact", "arguments": {"name": </tool_call>'
     engine = ScriptedEngine(tok, [bad, "Sorry, I could not do it."])
-    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), AgentLoopConfig(max_turns=4))
+    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), EpisodeConfig(max_turns=4))
     assert traj.finish_reason == "answer" and not traj.infra_failure
     step = traj.steps[0]
     assert step.feedback.error_code == ErrorCode.INVALID_ARGUMENTS and "could not be parsed" in step.feedback.message
@@ -108,14 +112,14 @@ def test_malformed_output_becomes_an_error_feedback_turn(tok, tasks):
 def test_limits_max_turns_max_tokens_and_cut_turns(tok, tasks):
     task = tasks[0]
     call = tk.format_tool_call("search_contacts", {"query": "a"})
-    (traj,) = run_episodes(ScriptedEngine(tok, [call]), tok, [task], lambda: make_env("sandbox"), AgentLoopConfig(max_turns=3))
+    (traj,) = run_episodes(ScriptedEngine(tok, [call]), tok, [task], lambda: make_env("sandbox"), EpisodeConfig(max_turns=3))
     assert traj.finish_reason == "max_turns" and traj.costs["turns"] == 3
     assert traj.verification is not None and not traj.verification.infra_error
 
     # A turn cut by max_new_tokens (a runaway turn) is closed with an unsampled <|im_end|> (mask 0) and
     # answered with an error Feedback; it is not taken as the answer.
     long_text = "word " * 200
-    cfg = AgentLoopConfig(max_turns=2, max_new_tokens=8)
+    cfg = EpisodeConfig(max_turns=2, max_new_tokens=8)
     (cut,) = run_episodes(ScriptedEngine(tok, [long_text]), tok, [task], lambda: make_env("sandbox"), cfg)
     im_end = tok.token_id("<|im_end|>")
     first_sampled = cut.loss_mask.index(1)
@@ -123,16 +127,16 @@ def test_limits_max_turns_max_tokens_and_cut_turns(tok, tasks):
     assert cut.tokens[first_sampled + 8] == im_end
     assert cut.finish_reason == "max_turns" and cut.provenance["output_errors"] == {"cut_turn": 2}
     assert all(s.feedback.error_code == ErrorCode.INVALID_ARGUMENTS and "cut off" in s.feedback.message for s in cut.steps)
-    assert summarize([cut])["output_errors"] == {"cut_turn": 2} and cut.costs["malformed_turns"] == 2
+    assert cut.costs["malformed_turns"] == 2
 
     # max_output_errors: the episode ends after that many malformed turns, not at the turn limit
-    cfg = AgentLoopConfig(max_turns=8, max_new_tokens=8, max_output_errors=3)
+    cfg = EpisodeConfig(max_turns=8, max_new_tokens=8, max_output_errors=3)
     (quit_,) = run_episodes(ScriptedEngine(tok, [long_text]), tok, [task], lambda: make_env("sandbox"), cfg)
     assert quit_.finish_reason == "output_errors" and quit_.costs["turns"] == 3
     assert quit_.provenance["output_errors"] == {"cut_turn": 3} and not quit_.infra_failure
 
     prompt_len = cut.loss_mask.index(1)
-    cfg = AgentLoopConfig(max_turns=8, max_new_tokens=64, max_total_tokens=prompt_len + 40)
+    cfg = EpisodeConfig(max_turns=8, max_new_tokens=64, max_total_tokens=prompt_len + 40)
     (short,) = run_episodes(ScriptedEngine(tok, [call]), tok, [task], lambda: make_env("sandbox"), cfg)
     assert short.finish_reason == "max_tokens" and len(short.tokens) <= prompt_len + 40
     assert short.steps[0].feedback is not None  # the call ran; its feedback did not fit
@@ -159,7 +163,7 @@ class _BrokenEngine(ScriptedEngine):
 
 def test_infra_failures_are_marked_not_scored(tok, tasks):
     call = tk.format_tool_call("search_contacts", {"query": "a"})
-    cfg = AgentLoopConfig(max_turns=4)
+    cfg = EpisodeConfig(max_turns=4)
     (timeout,) = run_episodes(ScriptedEngine(tok, [call]), tok, tasks[:1], _FailingEnv, cfg)
     (crash,) = run_episodes(ScriptedEngine(tok, [call]), tok, tasks[:1], _CrashingEnv, cfg)
     (engine_down,) = run_episodes(_BrokenEngine(tok, [call]), tok, tasks[:1], lambda: make_env("sandbox"), cfg)
@@ -168,17 +172,17 @@ def test_infra_failures_are_marked_not_scored(tok, tasks):
         assert traj.verification.infra_error and not traj.verification.success
         assert traj.provenance["infra_reason"]
     assert "TIMEOUT" in timeout.provenance["infra_reason"] and "adb" in crash.provenance["infra_reason"]
-    summary = summarize([timeout, crash, engine_down])
-    assert summary["infra_failures"] == 3 and summary["n"] == 0
+    m = eval_metrics([timeout, crash, engine_down])
+    assert m["infra_failures"] == 3 and m["overall"]["tasks"] == 0
 
 
 def test_seeds_are_per_episode_and_turn(tok, tasks):
     engine = ScriptedEngine(tok, gold_script(tok, tasks))
-    run_episodes(engine, tok, tasks[:3], lambda: make_env("sandbox"), AgentLoopConfig(seed=5, batch_size=3))
+    run_episodes(engine, tok, tasks[:3], lambda: make_env("sandbox"), EpisodeConfig(seed=5, batch_size=3))
     seeds = [s for _, _, ss in engine.calls for s in ss]
     assert len(set(seeds)) == len(seeds)
     engine2 = ScriptedEngine(tok, gold_script(tok, tasks))
-    run_episodes(engine2, tok, tasks[:3], lambda: make_env("sandbox"), AgentLoopConfig(seed=5, batch_size=3))
+    run_episodes(engine2, tok, tasks[:3], lambda: make_env("sandbox"), EpisodeConfig(seed=5, batch_size=3))
     assert seeds == [s for _, _, ss in engine2.calls for s in ss]
     params = engine.calls[0][1]
     assert params.stop_token_ids == (tok.token_id("<|im_end|>"),)  # the one token the template ends a turn with
@@ -206,7 +210,7 @@ def test_control_tokens_invalid_utf8_and_undecodable_ids_never_crash(tok, tasks)
     task = tasks[0]
     im_end, eot = tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")
     env = lambda: make_env("sandbox")  # noqa: E731
-    cfg = AgentLoopConfig(max_turns=2)
+    cfg = EpisodeConfig(max_turns=2)
     # A sampled <|endoftext|> mid-turn: a control token in the wrong place. The stream keeps what was
     # sampled and the chat message holds the same raw text, so the template renders the same tokens.
     hi = tok.encode("Hi") + [eot] + tok.encode("there") + [im_end]
@@ -233,7 +237,7 @@ def test_control_tokens_invalid_utf8_and_undecodable_ids_never_crash(tok, tasks)
     # An id outside the tokenizer ends the episode as infra (never a reward), with the reason.
     (traj,) = run_episodes(_IdsEngine(tok, [[5, tok.vocab_size + 3]]), tok, [task], env, cfg)
     assert traj.finish_reason == "infra" and traj.infra_failure and str(tok.vocab_size + 3) in traj.provenance["infra_reason"]
-    assert summarize([traj])["output_errors"] == {"undecodable_token": 1}
+    assert traj.provenance["output_errors"] == {"undecodable_token": 1}
 
 
 def test_episodes_never_exceed_max_total_tokens(tok, tasks):
@@ -241,7 +245,45 @@ def test_episodes_never_exceed_max_total_tokens(tok, tasks):
     task = tasks[0]
     prompt_len = len(tk.ChatSession(tok, make_env("sandbox").reset(task)["messages"], make_env("sandbox").reset(task)["tools"]).ids)
     for extra in (1, 2, 3, 9, 40, 77):
-        cfg = AgentLoopConfig(max_turns=6, max_new_tokens=16, max_total_tokens=prompt_len + extra)
+        cfg = EpisodeConfig(max_turns=6, max_new_tokens=16, max_total_tokens=prompt_len + extra)
         (traj,) = run_episodes(ScriptedEngine(tok, ["word " * 50]), tok, [task], lambda: make_env("sandbox"), cfg)
         assert len(traj.tokens) <= prompt_len + extra and traj.finish_reason == "max_tokens", (extra, len(traj.tokens))
         assert traj.tokens[-1] == tok.token_id("<|im_end|>") or len(traj.tokens) == prompt_len
+
+
+class _NonFiniteEngine(ScriptedEngine):
+    """A fault-injecting engine (a bf16 overflow, a diverged policy, a broken backend): the episodes whose
+    prompt holds `bad` get a NaN or -inf behaviour log-prob; the others are sampled as usual."""
+
+    def __init__(self, tok, script, bad: dict[str, float]):
+        super().__init__(tok, script)
+        self.bad = bad
+
+    def generate(self, prompts, params, seeds=None):
+        out = super().generate(prompts, params, seeds)
+        for p, r in zip(prompts, out):
+            text = self.tokenizer.decode(p)
+            for needle, value in self.bad.items():
+                if needle in text:
+                    r.logprobs[len(r.logprobs) // 2] = value
+        return out
+
+
+def test_non_finite_logprobs_end_that_episode_as_infra_and_the_run_is_written(tok, tasks, tmp_path):
+    """Before: one NaN log-prob crashed the whole round when the trajectories were written
+    (`canonical_json`: 'Out of range float values are not JSON compliant')."""
+    from mpa_jax.config import load_config_file
+    from mpa_jax.envs import Trajectory, read_jsonl
+    from mpa_jax.eval import Evaluator
+
+    bad = {tasks[0].instruction: float("nan"), tasks[1].instruction: float("-inf")}
+    engine = _NonFiniteEngine(tok, gold_script(tok, tasks), bad)
+    config = load_config_file("configs/tiny.py")
+    out = tmp_path / "run.jsonl"
+    trajs = Evaluator(config, tasks, tokenizer=tok, progress=False).run(engine, str(out), greedy=True)
+    assert [t.task_id for t in read_jsonl(str(out), Trajectory)] == [t.id for t in tasks]  # every episode kept, file valid
+    for t in trajs[:2]:
+        assert t.infra_failure and t.verification.infra_error and not t.verification.success
+        assert "non-finite log-prob" in t.provenance["infra_reason"]
+        assert all(np.isfinite(t.logprobs))  # nothing non-finite reached the token stream
+    assert all(t.verification.success and not t.infra_failure for t in trajs[2:])

@@ -8,7 +8,8 @@ import jax  # noqa: F401
 
 from mpa_jax import tokenizer as tk  # noqa: E402
 from mpa_jax.envs import load_tasks, make_env  # noqa: E402
-from mpa_jax.rollout.agent_loop import AgentLoopConfig, run_episodes, summarize  # noqa: E402
+from mpa_jax.eval import eval_metrics  # noqa: E402
+from mpa_jax.rollout.runner import EpisodeConfig, run_episodes  # noqa: E402
 from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402
 from mpa_jax.rollout.testing import tiny_checkpoint  # noqa: E402
 
@@ -39,14 +40,14 @@ def _check(trajs, tasks, cfg):
         assert t.verification is not None
         if t.infra_failure:
             assert t.provenance["infra_reason"]
-    return summarize(trajs)
+    return eval_metrics(trajs)
 
 
 def test_hot_sampling_from_an_untrained_model_finishes_every_episode(setup):
     tok, ckpt, tasks, longest = setup
     engine = JaxEngine.from_pretrained(ckpt, max_batch=16, vocab_limit=tok.vocab_size)
     # The token budget lets some episodes run out of room (the max_tokens path) while others end otherwise.
-    cfg = AgentLoopConfig(max_turns=3, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3)
+    cfg = EpisodeConfig(max_turns=3, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3)
     trajs = run_episodes(engine, tok, tasks, lambda: make_env("sandbox"), cfg)
     summary = _check(trajs, tasks, cfg)
     # With the vocabulary rule no id is undecodable, so no episode is lost to infra.
@@ -61,7 +62,7 @@ def test_without_the_vocabulary_rule_undecodable_ids_end_episodes_as_infra(setup
     reason, the others go on; nothing raises."""
     tok, ckpt, tasks, longest = setup
     engine = JaxEngine.from_pretrained(ckpt, max_batch=16)
-    cfg = AgentLoopConfig(max_turns=2, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3)
+    cfg = EpisodeConfig(max_turns=2, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3)
     trajs = run_episodes(engine, tok, tasks, lambda: make_env("sandbox"), cfg)
     summary = _check(trajs, tasks, cfg)
     assert summary["output_errors"].get("undecodable_token", 0) == summary["infra_failures"] > 0

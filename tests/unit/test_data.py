@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from mpa_jax.config import load_config_file
-from mpa_jax.data import (CurationConfig, TeacherClient, all_keys, collect_oracle, collect_teacher, competence_from_trajectories,
-                          construct_tasks, curate, failure_clusters, generation_weights, is_recovery, key_of_task)
+from mpa_jax.data import (Collector, CurationConfig, TeacherClient, all_keys, competence_from_trajectories, construct_tasks, curate,
+                          failure_clusters, generation_weights, is_recovery, key_of_task)
 from mpa_jax.data.collect import TeacherError
 from mpa_jax.envs import Action, ErrorCode, Feedback, Step, Trajectory, Verification, load_tasks
 from mpa_jax.envs.gate import check_task
@@ -23,6 +23,11 @@ def tok(tmp_path_factory):
 
     cfg = load_config_file(os.path.join(ROOT, "configs", "micro.py"))
     return tokenizer_for_config(cfg, str(tmp_path_factory.mktemp("tok")))
+
+
+@pytest.fixture(scope="module")
+def collector(tok):
+    return Collector(load_config_file(os.path.join(ROOT, "configs", "micro.py")), tok)
 
 
 def test_construct_follows_weights_passes_the_gate_and_never_reuses_benchmark_tasks():
@@ -101,37 +106,34 @@ def test_curation_dedups_caps_balances_and_mixes_recoveries(tmp_path):
     assert {(c["tool"], c["error"]) for c in clusters} == {("t", "TRANSIENT"), ("-", "finish:unknown")}
 
 
-def test_oracle_collection_is_verified_and_curated(tok):
+def test_oracle_collection_is_verified_and_curated(collector):
     tasks, _ = construct_tasks(4, None, round_index=1)
-    trajs = collect_oracle(tasks, tok, seed=1)
+    trajs = collector.oracle(tasks, seed=1)
     assert len(trajs) == 4 and all(t.verification.success for t in trajs)
     assert all(t.provenance["planner"] == "oracle" and sum(t.loss_mask) > 0 for t in trajs)
     res = curate(trajs, CurationConfig(max_tokens=100_000))
     assert res.datasheet["examples"] == 4 and res.datasheet["sources"] == {"oracle": 4}
 
 
-def test_oracle_demonstrates_arguments_in_schema_order_whatever_the_task_file_order(tok, tmp_path):
-    """Tasks read back from JSONL (the split cache, a task file) carry sorted argument keys; the
-    demonstrations must not depend on that (the starter learned the schema order)."""
-    from mpa_jax.data import schema_ordered
+def test_oracle_demonstrates_arguments_in_schema_order_whatever_the_task_file_order(collector, tmp_path):
+    """Tasks read back from JSONL (the split cache, a task file) keep their gold arguments in schema order
+    (Task.to_json), so demonstrations of a fresh task and of its re-read copy are the same tokens."""
     from mpa_jax.envs import read_jsonl, write_jsonl
     from mpa_jax.envs.contract import Task
     from mpa_jax.envs.tools import TOOLS
 
     tasks, _ = construct_tasks(8, None, round_index=1)
-    multi = [t for t in tasks if any(len(g.get("arguments", {})) > 1 for g in t.gold)]
-    assert multi, "no gold call with two or more arguments among the constructed tasks"
+    multi = [t for t in tasks if any(len(g.get("arguments", {})) > 1 and list(g["arguments"]) != sorted(g["arguments"])
+                                     for g in t.gold)]
+    assert multi, "no gold call whose schema order differs from sorted order among the constructed tasks"
     path = tmp_path / "tasks.jsonl"
     write_jsonl(str(path), multi)
     reread = read_jsonl(str(path), Task)
-    calls = [g for t in reread for g in t.gold if g.get("kind") == "tool_call" and len(g["arguments"]) > 1]
-    assert any(list(g["arguments"]) != [k for k in TOOLS[g["name"]].spec.parameters["properties"] if k in g["arguments"]]
-               for g in calls), "the file kept schema order: the test no longer covers the sorted-key case"
-    for g in (g for t in reread for g in schema_ordered(t).gold if g.get("kind") == "tool_call"):
+    for g in (g for t in reread for g in t.gold if g.get("kind") == "tool_call"):
         order = list(TOOLS[g["name"]].spec.parameters["properties"])
         assert list(g["arguments"]) == [k for k in order if k in g["arguments"]]
-    fresh = collect_oracle(multi, tok, seed=3)
-    from_file = collect_oracle(reread, tok, seed=3)
+    fresh = collector.oracle(multi, seed=3)
+    from_file = collector.oracle(reread, seed=3)
     assert [t.tokens for t in fresh] == [t.tokens for t in from_file]
 
 
@@ -163,7 +165,7 @@ class _GoldTeacher(http.server.BaseHTTPRequestHandler):
         self.wfile.write(out)
 
 
-def test_teacher_collection_over_loopback_http(tok):
+def test_teacher_collection_over_loopback_http(collector):
     simple = [t for t in load_tasks("train") if not t.faults and not t.history and not t.roles
               and all(s["kind"] in ("tool_call", "message") and "group" not in s and not s.get("fallbacks") for s in t.gold)][:2]
     assert simple
@@ -173,15 +175,15 @@ def test_teacher_collection_over_loopback_http(tok):
     th.start()
     try:
         client = TeacherClient(f"http://127.0.0.1:{srv.server_address[1]}", model="gold")
-        trajs = collect_teacher(simple, tok, client)
+        trajs = collector.teacher(simple, client)
     finally:
         srv.shutdown()
     assert [t.verification.success for t in trajs] == [True] * len(simple)
     assert all(t.provenance["planner"] == "teacher:gold" and sum(t.loss_mask) > 0 for t in trajs)
     # an unreachable endpoint is an infra failure per episode, reported, never a crash or an example
     errors = []
-    dead = collect_teacher(simple[:1], tok, TeacherClient(f"http://127.0.0.1:{srv.server_address[1]}", timeout_s=2),
-                           on_error=lambda t, e: errors.append(e))
+    dead = collector.teacher(simple[:1], TeacherClient(f"http://127.0.0.1:{srv.server_address[1]}", timeout_s=2),
+                             on_error=lambda t, e: errors.append(e))
     assert dead[0].infra_failure and isinstance(errors[0], TeacherError)
     assert curate(dead).datasheet["drops"] == {"infra": 1}
 

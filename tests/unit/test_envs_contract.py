@@ -77,3 +77,26 @@ def test_make_env_registry():
     env.close()
     with pytest.raises(ValueError, match="unknown env kind 'nope'"):
         make_env("nope")
+
+
+def test_task_json_keeps_gold_argument_order_and_the_split_cache_reads_it_back(tmp_path, monkeypatch):
+    """Gold arguments are in the tool schema's order when generated; the task's JSON keeps that order (the rest
+    is canonical), so a task read back from the split cache demonstrates its calls as the fresh one does."""
+    from mpa_jax.envs import canonical_json, generate_split, load_tasks
+
+    t = _task(gold=[{"kind": "tool_call", "name": "create_event", "arguments": {"title": "x", "date": "2026-01-01"}}],
+              verifier={"z": 1, "a": {"d": 2, "c": 3}})
+    text = t.to_json()
+    assert text.index('"title"') < text.index('"date"')  # gold arguments: kept
+    assert text.index('"a"') < text.index('"z"') and text.index('"c"') < text.index('"d"')  # elsewhere: sorted
+    assert list(Task.from_json(text).gold[0]["arguments"]) == ["title", "date"]
+    assert canonical_json(Task.from_json(text).to_dict()) == canonical_json(t.to_dict())
+
+    monkeypatch.setenv("MPA_JAX_CACHE", str(tmp_path))
+    fresh = generate_split("dev", per_template=1)
+    load_tasks("dev", per_template=1)  # writes the cache
+    cached = load_tasks("dev", per_template=1)  # reads it back
+    assert list(tmp_path.rglob("*.jsonl")), "the split cache was not written"
+    order = lambda ts: [list(g["arguments"]) for x in ts for g in x.gold if g.get("kind") == "tool_call"]  # noqa: E731
+    assert order(cached) == order(fresh)
+    assert any(a != sorted(a) for a in order(fresh)), "no gold call whose schema order differs from sorted order"

@@ -50,7 +50,7 @@ def templates_digest() -> str:
 
 
 def tasks_digest(tasks: list[Task]) -> str:
-    return _sha([t.to_json() for t in tasks])
+    return _sha([canonical_json(t.to_dict()) for t in tasks])  # content only: gold argument order is not hashed
 
 
 def catalog_digest() -> str:

@@ -34,6 +34,47 @@ def test_mapped_folders_are_not_top_level_packages():
         assert out.strip() == "True", f"{name} is importable as a top-level package from the project"
 
 
+def _imports(path: Path) -> set[str]:
+    """The absolute module names a source file imports (at any depth: lazy imports count too)."""
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def test_commands_are_imported_only_by_the_cli_and_library_modules_form_no_circle():
+    """DESIGN §7a: `commands/` is thin code over the run services, imported by `cli.py` alone; the loop
+    renders nothing itself (`report.py` owns every rendering of summary.json and never imports the loop)."""
+    offenders = []
+    for folder in ("mpa_jax", "envs", "harness", "kernels"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel == "mpa_jax/cli.py" or rel.startswith("mpa_jax/commands/"):
+                continue
+            bad = sorted(m for m in _imports(path) if m == "mpa_jax.commands" or m.startswith("mpa_jax.commands."))
+            if bad:
+                offenders.append(f"{rel}: {', '.join(bad)}")
+    assert not offenders, offenders
+    report = _imports(ROOT / "mpa_jax" / "report.py")
+    assert not {m for m in report if m == "mpa_jax.loop" or m.startswith("mpa_jax.loop.")}
+    assert "mpa_jax.report.write_report" in _imports(ROOT / "mpa_jax" / "loop.py")
+    # no library module reaches into another's private names (`from x import _name`, `x._name(`)
+    import re
+
+    private = []
+    for folder in ("mpa_jax", "envs", "harness"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            text = path.read_text()
+            private += [f"{path.relative_to(ROOT)}: {m}" for m in re.findall(r"\b(?:steplib|trainer|agent_loop|success)\._[a-z]\w*", text)]
+    assert not private, private
+
+
 def _mpa(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "mpa_jax.cli", *args], capture_output=True, text=True, cwd=cwd or ROOT)
 

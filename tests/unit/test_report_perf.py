@@ -44,6 +44,7 @@ EXPECTED = {
     "serve": ["1 clients", "16 clients"],
     "tool_retrieval": ["tool recall@8", "latency p50"],
     "train_step": ["SFT step tokens/s"],
+    "fleet": ["2 workers via router", "1 worker via router", "latency via router"],
 }
 
 

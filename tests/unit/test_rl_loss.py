@@ -152,7 +152,7 @@ def test_train_step_reports_the_loss_extras_and_sft_metrics_stay_fixed(model):
     state = statelib.init_train_state(params, opt, 0)
     rl_batch = {k: jnp.asarray(v) for k, v in rlbatch.pack(_seqs(2, cfg, params), 64, min_rows=4).items()}
     rl_loss = make_rl_loss(cfg, temperature=TEMP, clip_low=0.2, clip_high=0.28, chunk=128)
-    fixed = {"loss", "loss_sum", "tokens", "grad_norm", "lr"}
+    fixed = {"loss", "loss_sum", "tokens", "grad_norm", "lr", "nonfinite"}
     for micro in (1, 2):
         _, m = jax.eval_shape(lambda s, b: steplib.train_step(s, b, loss_fn=rl_loss, optimizer=opt, schedule=sched, micro_batches=micro),
                               state, rl_batch)
@@ -169,7 +169,7 @@ def test_budgeted_update_equals_one_big_batch_and_respects_the_budget(model):
     batch, and no micro-batch holds more than `tokens_per_micro_batch` tokens per device."""
     from mpa_jax import sharding
     from mpa_jax.rl import update as rlupdate
-    from mpa_jax.rl.trainer import budgeted_micro_batches
+    from mpa_jax.rl.learner import budgeted_micro_batches
     from mpa_jax.train import optimizer as optlib
     from mpa_jax.train import state as statelib
 

@@ -163,3 +163,37 @@ def test_bfloat16_compute_keeps_float32_master_weights():
         losses.append(float(m["loss"]))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+def test_a_non_finite_update_is_skipped_and_reported():
+    """A loss, gradient or optimizer state that turns NaN/inf leaves params, optimizer state and step as they
+    were (`nonfinite` = 1); a clean state trains (`nonfinite` = 0, the step advances)."""
+    config = _config()
+    exs = _examples(24, max_len=21)
+    batch = _batch_of_rows([sft_data.pack_row(exs[i : i + 3], 64) for i in range(0, 24, 3)])
+
+    def run(poison):
+        _, state, step, _, _ = _setup(config)
+        state = poison(state)
+        before = [np.asarray(x) for x in jax.tree.leaves(jax.device_get((state.params, state.opt_state)))]
+        step0 = int(state.step)
+        new, m = step(state, batch)
+        after = [np.asarray(x) for x in jax.tree.leaves(jax.device_get((new.params, new.opt_state)))]
+        return m, step0, int(new.step), before, after
+
+    def nan_param(state):
+        flat, tree = jax.tree.flatten(state.params)
+        flat[0] = flat[0].at[(0,) * flat[0].ndim].set(jnp.nan)
+        return statelib.TrainState(params=jax.tree.unflatten(tree, flat), opt_state=state.opt_state, step=state.step, rng=state.rng)
+
+    def nan_moments(state):  # finite loss and gradients, a corrupted optimizer state
+        opt = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x, state.opt_state)
+        return statelib.TrainState(params=state.params, opt_state=opt, step=state.step, rng=state.rng)
+
+    for poison, finite_loss in ((nan_param, False), (nan_moments, True)):
+        m, step0, step1, before, after = run(poison)
+        assert float(m["nonfinite"]) == 1.0 and step1 == step0 and bool(np.isfinite(float(m["loss"]))) == finite_loss
+        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(before, after)), poison.__name__
+    m, step0, step1, before, after = run(lambda s: s)
+    assert float(m["nonfinite"]) == 0.0 and step1 == step0 + 1
+    assert not all(np.array_equal(a, b) for a, b in zip(before, after))

@@ -108,7 +108,7 @@ def test_make_engine_takes_the_tokenizer_size_and_refuses_a_larger_tokenizer(ckp
     import os
 
     from mpa_jax.config import load_config_file
-    from mpa_jax.rollout.run import RolloutSetupError, check_engine_vocab, make_engine
+    from mpa_jax.rollout.engines import RolloutSetupError, check_engine_vocab, make_engine
 
     class Tok:  # only the size matters here
         def __init__(self, n):

@@ -10,6 +10,10 @@ Endpoints (the SGLang 0.5.x native subset documented in `mpa_jax.rollout.sglang`
     GET  /health                    200 when the process is up
     GET  /health_generate           200 after a one-token generation succeeds, else 503
     GET  /model_info, /get_model_info
+    GET  /server_info, /get_server_info  model path, tokenizer path, served model name, weight version,
+                                    limits (what sglang-router reads when a worker registers)
+    GET  /get_load                  [{"dp_rank": 0, "num_reqs", "num_waiting_reqs", "num_tokens"}] as
+                                    SGLang 0.5.x answers (sglang-router's load monitor polls it)
     GET  /v1/models, /v1/models/{id}
     POST /v1/chat/completions       OpenAI chat with tools: tool calls come back parsed as
                                     `message.tool_calls`; stream, n, logprobs/top_logprobs, stop, seed, usage
@@ -90,6 +94,7 @@ def create_app(
     batcher: str = "auto",
     slot_len: int = 1024,
     slot_chunk: int = 8,
+    tokenizer_path: str | None = None,
 ) -> Any:
     """The FastAPI app serving `engine` (and `tokenizer` for text, chat and completion endpoints).
 
@@ -99,6 +104,8 @@ def create_app(
     reason logged), "slots" (the same, but the fallback is logged as a warning) or "call".
     `slot_len`: tokens per slot (prompt bucket + max_tokens; longer requests run as whole engine calls
     between chunks); `slot_chunk`: decode steps per chunk (admission and streaming granularity).
+    `tokenizer_path`: where the tokenizer was loaded from (reported by `/server_info`); default: the
+    model path when a tokenizer is given.
     """
     if batcher not in ("auto", "slots", "call"):
         raise ValueError(f"create_app: batcher must be auto, slots or call, got {batcher!r}")
@@ -119,6 +126,7 @@ def create_app(
 
     app = FastAPI(title="mpa serve", version="0.2.0", lifespan=lifespan)
     state = {"model_path": model_path}
+    load = _Load()  # rows and tokens of the requests being answered (`/get_load`)
     default_stop = list(getattr(tokenizer, "eos_token_ids", []) or [])
     chat_stop = [tokenizer.token_id("<|im_end|>")] if tokenizer is not None and "<|im_end|>" in _vocab(tokenizer) else default_stop
 
@@ -215,7 +223,7 @@ def create_app(
     def info() -> dict[str, Any]:
         return {
             "model_path": state["model_path"],
-            "tokenizer_path": state["model_path"] if tokenizer is not None else None,
+            "tokenizer_path": tokenizer_path if tokenizer_path is not None else (state["model_path"] if tokenizer is not None else None),
             "is_generation": True,
             "served_model_name": served_model_name,
             "weight_version": engine.weight_version,
@@ -231,6 +239,36 @@ def create_app(
     @app.get("/get_model_info")
     async def get_model_info() -> dict[str, Any]:
         return info()
+
+    def server_info() -> dict[str, Any]:
+        # SGLang 0.5.x answers its server arguments plus run-time state; sglang-router reads model_path,
+        # served_model_name (its model id) and the limits. Only what this server really has is reported.
+        from mpa_jax import __version__
+
+        return {
+            **info(),
+            "version": f"mpa-{__version__}",
+            "dp_size": 1,
+            "tp_size": 1,
+            "max_running_requests": max_batch,
+            "max_batch_size": max_batch,
+            "context_length": _max_positions(engine),
+            "internal_states": [{"weight_version": engine.weight_version, "num_reqs": load.rows}],
+        }
+
+    @app.get("/server_info")
+    async def get_server_info_new() -> dict[str, Any]:
+        return server_info()
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict[str, Any]:
+        return server_info()
+
+    @app.get("/get_load")
+    async def get_load() -> list[dict[str, int]]:
+        # Rows past max_batch wait for a free row of the batcher; num_tokens counts prompt + budget.
+        return [{"dp_rank": 0, "num_reqs": load.rows, "num_waiting_reqs": max(0, load.rows - max_batch),
+                 "num_tokens": load.tokens}]
 
     def model_card() -> dict[str, Any]:
         return {"id": served_model_name, "object": "model", "created": 0, "owned_by": "mpa",
@@ -298,7 +336,8 @@ def create_app(
                 raise RequestError("sampling_params.stop_token_ids", f"a stop token id is outside the vocabulary (size {vocab})")
         seeds = [s if s is not None else fresh_seed() for _, s in parsed]
         try:
-            results = await get_batcher().submit(prompts, [p for p, _ in parsed], seeds)
+            with load.track(len(prompts), sum(len(p) + sp_i.max_new_tokens for p, (sp_i, _) in zip(prompts, parsed))):
+                results = await get_batcher().submit(prompts, [p for p, _ in parsed], seeds)
         except ValueError as e:
             raise RequestError("input_ids", str(e)) from None
         rid = body.get("rid") or uuid.uuid4().hex
@@ -325,15 +364,18 @@ def create_app(
             raise RequestError("messages", f"cannot render the chat: {e}") from None
         max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         check_prompt(prompt, req.params.max_new_tokens, "messages", max_field)
-        stream = await start([prompt], req.params, req.n, req.seed, req.logprobs or 0, updates=req.stream or bool(req.stop))
+        rows, tokens = req.n, req.n * (len(prompt) + req.params.max_new_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         fingerprint = f"mpa-{engine.weight_version}"
         if req.stream:
+            stream = await start([prompt], req.params, req.n, req.seed, req.logprobs or 0, updates=True)
             events = oa.chat_events(tokenizer, stream, req.stop, req.tools, rid=rid, model=req.model,
                                     fingerprint=fingerprint, top_n=req.logprobs, prompt_tokens=len(prompt),
                                     include_usage=req.include_usage)
-            return StreamingResponse(events, media_type="text/event-stream")
-        results = await results_of(stream, req.stop)
+            return StreamingResponse(load.tracked(events, rows, tokens), media_type="text/event-stream")
+        with load.track(rows, tokens):
+            stream = await start([prompt], req.params, req.n, req.seed, req.logprobs or 0, updates=bool(req.stop))
+            results = await results_of(stream, req.stop)
         outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
         shaped = [oa.chat_message(tokenizer, o, req.tools) for o in outs]
         use = oa.usage(len(prompt), sum(o.completion_tokens for o in outs))
@@ -354,15 +396,18 @@ def create_app(
         max_field = "max_tokens"
         for i, p in enumerate(req.prompts):
             check_prompt(p, req.params.max_new_tokens, f"prompt[{i}]" if len(req.prompts) > 1 else "prompt", max_field)
-        stream = await start(req.prompts, req.params, req.n, req.seed, req.logprobs or 0, updates=req.stream or bool(req.stop))
         rid = f"cmpl-{uuid.uuid4().hex}"
         fingerprint = f"mpa-{engine.weight_version}"
         n_prompt = sum(len(p) for p in req.prompts)
+        rows, tokens = req.n * len(req.prompts), req.n * (n_prompt + len(req.prompts) * req.params.max_new_tokens)
         if req.stream:
+            stream = await start(req.prompts, req.params, req.n, req.seed, req.logprobs or 0, updates=True)
             events = oa.completion_events(tokenizer, stream, req.stop, rid=rid, model=req.model, fingerprint=fingerprint,
                                           top_n=req.logprobs, prompt_tokens=n_prompt, include_usage=req.include_usage)
-            return StreamingResponse(events, media_type="text/event-stream")
-        results = await results_of(stream, req.stop)
+            return StreamingResponse(load.tracked(events, rows, tokens), media_type="text/event-stream")
+        with load.track(rows, tokens):
+            stream = await start(req.prompts, req.params, req.n, req.seed, req.logprobs or 0, updates=bool(req.stop))
+            results = await results_of(stream, req.stop)
         outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
         use = oa.usage(n_prompt, sum(o.completion_tokens for o in outs))
         choices = [
@@ -374,6 +419,34 @@ def create_app(
                              "system_fingerprint": fingerprint, "choices": choices, "usage": use})
 
     return app
+
+
+class _Load:
+    """Rows and tokens (prompt + budget) of the generation requests being answered, for `/get_load`.
+
+    Counted here, around the batcher calls, so the figure does not depend on which batcher runs; the
+    event loop is single-threaded, so plain integers suffice.
+    """
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.tokens = 0
+
+    @contextlib.contextmanager
+    def track(self, rows: int, tokens: int) -> Any:
+        self.rows += rows
+        self.tokens += tokens
+        try:
+            yield
+        finally:
+            self.rows -= rows
+            self.tokens -= tokens
+
+    async def tracked(self, events: Any, rows: int, tokens: int) -> Any:
+        """`events` (a streaming body) counted from its first chunk until it ends or the client leaves."""
+        with self.track(rows, tokens):
+            async for event in events:
+                yield event
 
 
 def _vocab(tokenizer: Any) -> Any:

@@ -1,0 +1,187 @@
+"""`Evaluator`: a checkpoint (or a live engine) on a task list, k runs per task, with and/or without the harness.
+
+    ev = Evaluator(config, tasks)                       # tasks: eval.tasks.select_tasks(...)
+    report = ev.evaluate("runs/x/hf", out_dir="runs/x/eval", harness="both", k=1)   # -> eval.json
+
+Episodes run through the config's `EpisodeRunner` (one per harness mode); the rollouts of mode m, run i go
+to `<out_dir>/<m>/run<i>.jsonl` with their metrics beside them (`run<i>.summary.json`, written last: a run
+whose summary exists is complete and is reused, so an interrupted evaluation continues where it stopped).
+k = 1 is one greedy run; k > 1 are k sampled runs (config.rollout.temperature, seeds seed..seed+k-1).
+Every figure comes from `eval.metrics.eval_metrics` (per task, infra failures excluded and counted apart).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, Sequence
+
+from mpa_jax.eval.metrics import PriceTable, eval_metrics
+
+HARNESS_MODES = ("off", "on", "both")
+
+
+def harness_modes(harness: str) -> list[str]:
+    """["off"], ["on"] or ["off", "on"] for --harness off|on|both."""
+    if harness not in HARNESS_MODES:
+        raise ValueError(f"--harness must be one of {', '.join(HARNESS_MODES)}, got {harness!r}")
+    return ["off", "on"] if harness == "both" else [harness]
+
+
+def _write_json(path: str, obj: Any) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+class Evaluator:
+    """Runs and scores episodes of one fixed task list for a config."""
+
+    def __init__(self, config: Any, tasks: Sequence[Any], *, tokenizer: Any = None, progress: bool = True) -> None:
+        self.config = config
+        self.tasks = list(tasks)
+        if not self.tasks:
+            raise ValueError("no tasks to evaluate")
+        self.tokenizer = tokenizer
+        self.progress = progress
+        self.prices = PriceTable.from_config(config.eval.prices)
+
+    def engine_for(self, source: Any, workdir: str) -> Any:
+        """An engine for `source`: an engine as it is, an exported HF directory, or None (the config's model,
+        untrained); the tokenizer comes with the checkpoint when it carries one."""
+        from mpa_jax.rollout import engines
+
+        if source is not None and not isinstance(source, (str, os.PathLike)):
+            if self.tokenizer is None:
+                raise ValueError("Evaluator: pass tokenizer= with an engine")
+            engines.check_engine_vocab(source, self.tokenizer)
+            return source
+        checkpoint = os.fspath(source) if source is not None else None
+        if self.tokenizer is None:
+            self.tokenizer = engines.load_rollout_tokenizer(self.config, checkpoint, workdir)
+        return engines.make_engine(self.config, checkpoint, tokenizer=self.tokenizer)
+
+    def run(self, engine: Any, out_path: str, *, harness: bool | None = None, harness_version_dir: str = "", greedy: bool = True,
+            seed: int | None = None, label: str = "", tasks: Sequence[Any] | None = None) -> list[Any]:
+        """One run of every task (or `tasks`): trajectories to `out_path`, metrics to `<out_path>.summary.json`;
+        a complete earlier run there is read back instead. `harness`: on/off (None: `config.harness.enabled`)."""
+        from mpa_jax.envs import Trajectory, read_jsonl, write_jsonl
+        from mpa_jax.rollout.runner import EpisodeConfig, EpisodeRunner
+
+        summary_path = out_path[:-6] + ".summary.json" if out_path.endswith(".jsonl") else out_path + ".summary.json"
+        if os.path.exists(summary_path) and os.path.exists(out_path):
+            return read_jsonl(out_path, Trajectory)
+        tasks = list(tasks) if tasks is not None else self.tasks
+        self._check_positions(engine)
+        cfg = EpisodeConfig.from_config(self.config.rollout, seed=int(self.config.seed if seed is None else seed), greedy=greedy,
+                                        planner=label or "policy")
+        t0 = time.perf_counter()
+        with EpisodeRunner.from_config(self.config, harness=harness, harness_version_dir=harness_version_dir) as runner:
+            trajs = self._with_progress(lambda on_done: runner.run(engine, self.tokenizer, tasks, cfg, on_done=on_done),
+                                        len(tasks), label)
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        write_jsonl(out_path, trajs)
+        metrics = eval_metrics(trajs, k=1, prices=self.prices)
+        metrics.update(label=label, weight_version=str(getattr(engine, "weight_version", "")), greedy=greedy,
+                       wall_s=time.perf_counter() - t0, out_path=out_path)
+        _write_json(summary_path, metrics)
+        return trajs
+
+    def evaluate(self, source: Any, *, out_dir: str, harness: str = "off", k: int = 1, label: str = "eval",
+                 harness_version_dir: str = "", workdir: str | None = None) -> dict[str, Any]:
+        """k runs per task per harness mode; writes and returns `<out_dir>/eval.json`."""
+        from mpa_jax.harness.runtime import version_of
+
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        modes = harness_modes(harness)
+        os.makedirs(out_dir, exist_ok=True)
+        t0 = time.perf_counter()
+        engine = self.engine_for(source, workdir or out_dir)
+        results: dict[str, Any] = {}
+        for mode in modes:
+            trajs: list[Any] = []
+            for i in range(k):
+                trajs += self.run(engine, os.path.join(out_dir, mode, f"run{i}.jsonl"), harness=mode == "on",
+                                  harness_version_dir=harness_version_dir, greedy=k == 1, seed=int(self.config.seed) + i,
+                                  label=f"{label}/{mode}/{i}")
+            results[mode] = eval_metrics(trajs, k=k, prices=self.prices)
+        checkpoint = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
+        report: dict[str, Any] = {
+            "checkpoint": os.path.abspath(checkpoint) if checkpoint else None,
+            "weight_version": str(getattr(engine, "weight_version", "")),
+            "tasks": len(self.tasks), "k": k, "greedy": k == 1, "harness": results,
+            "harness_version": version_of(harness_version_dir) if harness_version_dir and "on" in modes else "none",
+            "wall_s": time.perf_counter() - t0,
+        }
+        if len(modes) == 2:
+            report["harness_delta_success"] = results["on"]["overall"]["success"] - results["off"]["overall"]["success"]
+        _write_json(os.path.join(out_dir, "eval.json"), report)
+        return report
+
+    def _check_positions(self, engine: Any) -> None:
+        from mpa_jax.rollout.engines import RolloutSetupError
+
+        max_pos = getattr(getattr(engine, "cfg", None), "max_position_embeddings", None)
+        if max_pos is not None and int(self.config.rollout.max_total_tokens) > max_pos:
+            raise RolloutSetupError(f"config.rollout.max_total_tokens ({self.config.rollout.max_total_tokens}) exceeds the model's"
+                                    f" max_position_embeddings ({max_pos})")
+
+    def _with_progress(self, go: Callable[[Any], list[Any]], total: int, label: str) -> list[Any]:
+        if not self.progress:
+            return go(None)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("[bold]episodes[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("success {task.fields[succ]}"), TimeElapsedColumn(), transient=False) as bar:
+            job = bar.add_task(label or "episodes", total=total, succ=0)
+            done = {"succ": 0}
+
+            def on_done(traj: Any) -> None:
+                done["succ"] += int(bool(traj.verification is not None and traj.verification.success))
+                bar.update(job, advance=1, succ=done["succ"])
+
+            return go(on_done)
+
+
+def evaluate(config: Any, checkpoint: Any, *, out_dir: str, split: str | None = None, harness: str = "off", k: int | None = None,
+             tasks: Sequence[Any] | None = None, max_tasks: int | None = None, workdir: str | None = None, label: str = "eval",
+             tokenizer: Any = None, progress: bool = True, harness_version_dir: str = "") -> dict[str, Any]:
+    """`Evaluator(config, tasks).evaluate(checkpoint, ...)`; tasks default to `config.eval.max_tasks`
+    stratified tasks of `split` (default `config.eval.split`). `checkpoint`: an HF directory, an engine
+    (with `tokenizer`), or None (the config's untrained model)."""
+    from mpa_jax.eval.tasks import select_tasks
+
+    split = split or str(config.eval.split)
+    if tasks is None:
+        tasks = select_tasks(split, n=int(config.eval.max_tasks if max_tasks is None else max_tasks),
+                             seed=int(config.tasks.seed), per_template=int(config.tasks.per_template))
+    ev = Evaluator(config, tasks, tokenizer=tokenizer, progress=progress)
+    report = ev.evaluate(checkpoint, out_dir=out_dir, harness=harness, k=int(config.eval.k if k is None else k), label=label,
+                         harness_version_dir=harness_version_dir, workdir=workdir)
+    report["split"] = split
+    _write_json(os.path.join(out_dir, "eval.json"), report)
+    return report
+
+
+def format_eval(report: dict[str, Any]) -> str:
+    """The eval.json as a short table: overall, per template group and per category per harness mode, then costs."""
+    k = report["k"]
+    lines = []
+    for mode, m in report["harness"].items():
+        o = m["overall"]
+        cur = m["prices"]["currency"]
+        lines.append(f"harness {mode}: {report['tasks']} {report.get('split', '')} tasks, k={k}, infra failures {m['infra_failures']}")
+        lines.append(f"  {'':<18}{'success':>9}{'partial':>9}{'pass@1':>8}{f'pass^{k}':>8}{'out tok':>9}{'calls':>7}")
+        groups = {"seen": "seen templates", "held_out": "held-out tmpl"}
+        rows = [("Overall", o)] + [(groups[g], b) for g, b in m.get("by_templates", {}).items()] + list(m["by_category"].items())
+        for name, b in rows:
+            lines.append(f"  {name:<18}{100 * b['success']:8.1f}%{b['partial_score']:9.3f}{100 * b['pass@1']:7.1f}%"
+                         f"{100 * b[f'pass^{k}']:7.1f}%{b['mean_output_tokens']:9.1f}{b['mean_tool_calls']:7.2f}")
+        c = o["cost_per_1k_tasks"]
+        lines.append(f"  cost per 1,000 tasks: {c['total']:.4f} {cur} (input {c['input_tokens']:.4f}, output {c['output_tokens']:.4f},"
+                     f" tool calls {c['tool_calls']:.4f}, device {c['device_seconds']:.4f}); output tokens only (the seed's"
+                     f" figure): {o['cost_per_1k_tasks_output_only']:.4f} {cur}")
+    if "harness_delta_success" in report:
+        lines.append(f"harness on - off: {100 * report['harness_delta_success']:+.1f} pts")
+    return "\n".join(lines)

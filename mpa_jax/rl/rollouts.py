@@ -1,0 +1,390 @@
+"""RL rollouts: which tasks each step trains on (across env kinds), group rollouts through the episode runner,
+infra retries, and staleness. No jax: this is the actor side of the RL loop.
+
+Tasks per kind (`config.envs.mixture` weights): the sandbox and the ADB device run the tasks of `rl.split`
+(filtered by `rl.templates`); the simulated env runs its own long-tail training tasks (`rl.simulated_tasks`
+of them, `envs.simulated.simulated_tasks`). Each step draws `rl.tasks_per_step` groups: a group's kind by
+weight (a function of (seed, step, group), so resume is exact), its task from that kind's `TaskCursor`
+(a seeded permutation per epoch; the positions are checkpointed). A group never mixes kinds: its
+`rl.group_size` rollouts are episodes of one task on one kind. Episodes that end as infra (a lost device,
+an invalid simulator reply after retries, an engine fault) are re-run with fresh seeds up to
+`rl.infra_retries` times, then dropped and counted per kind, never rewarded.
+
+Competence-aware selection (`rl.selection = "competence"`; CARE's spirit, DAPO's dynamic sampling): for the
+kinds that run the benchmark's tools, each group is a *fresh* instance (instance seeds from
+`FRESH_SEED_BASE`, disjoint from every split's; held-out templates never) of a template drawn with weight
+`rl.select_floor + 4 c (1 - c)`, c the template's competence (successes + 1) / (episodes + 2) over every
+rollout the run has drawn, plus any prior (`rl.select_prior`: trajectories such as the data stage's probe).
+Groups whose rollouts all succeed or all fail carry no signal: they are never trained on; more are drawn
+until the step has `rl.tasks_per_step` groups with reward variance or `rl.select_tries` x that many groups
+were drawn. Per step: groups drawn / kept, the zero-variance share, per-template competence.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+KINDS = ("sandbox", "simulated", "adb")
+FRESH_SEED_BASE = 5_000_000  # instance seeds of selected RL tasks: above every split's (test < 2,000,000 + 100,000 x tasks.seed + 50,000)
+SPLIT_KINDS = ("sandbox", "adb")  # kinds that run the benchmark's tasks (the device executes the sandbox's tools)
+
+
+class RLSetupError(ValueError):
+    """The RL run cannot start: a config key, the init checkpoint or the task filter is wrong (named)."""
+
+
+def step_seed(seed: int, step: int, attempt: int = 0) -> int:
+    """The sampling seed of a step's rollouts (attempt > 0: infra retries)."""
+    return (int(seed) * 1_000_003 + int(step) * 7_919 + int(attempt) * 104_729) % (2**31 - 1)
+
+
+class TaskCursor:
+    """Tasks drawn in a seeded permutation per epoch; `position` (tasks drawn so far) is the state."""
+
+    def __init__(self, tasks: Sequence[Any], seed: int, position: int = 0):
+        self.tasks = list(tasks)
+        self.seed = int(seed)
+        self.position = int(position)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
+
+    def draw(self, n: int) -> list[Any]:
+        out = []
+        for _ in range(n):
+            epoch, i = divmod(self.position, len(self.tasks))
+            out.append(self.tasks[int(self._order(epoch)[i])])
+            self.position += 1
+        return out
+
+
+def split_tasks(config: Any) -> list[Any]:
+    """The tasks of `rl.split` (a split or a tasks JSONL), restricted to `rl.templates` when set."""
+    from mpa_jax.envs import load_tasks
+
+    tasks = list(load_tasks(str(config.rl.split), seed=int(config.tasks.seed), per_template=int(config.tasks.per_template)))
+    names = [t.strip() for t in str(config.rl.templates).split(",") if t.strip()]
+    if names:
+        known = {t.template for t in tasks}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise RLSetupError(f"config.rl.templates: no task of split {config.rl.split!r} has template(s) {missing}")
+        tasks = [t for t in tasks if t.template in set(names)]
+    if not tasks:
+        raise RLSetupError(f"config.rl.split={config.rl.split!r} has no tasks")
+    return tasks
+
+
+def _competence(s: int, n: int) -> float:
+    return (s + 1.0) / (n + 2.0)
+
+
+class Selector:
+    """Competence-aware choice of fresh train instances (module docstring); its counts are the run's state."""
+
+    def __init__(self, config: Any) -> None:
+        from mpa_jax.envs.benchmark import templates_for
+
+        rl = config.rl
+        self.seed, self.floor = int(config.seed), float(rl.select_floor)
+        if int(config.tasks.seed) * 100_000 + 2_100_000 > FRESH_SEED_BASE:
+            raise RLSetupError(f"config.tasks.seed={config.tasks.seed}: the benchmark's seeds would reach the fresh RL seeds")
+        names = [t.strip() for t in str(rl.templates).split(",") if t.strip()]
+        self.templates = [t for t in templates_for("train") if not names or t.name in names]  # held-out templates never
+        if names and len(self.templates) != len(set(names)):
+            known = {t.name for t in self.templates}
+            raise RLSetupError(f"config.rl.templates: {sorted(set(names) - known)} are not train templates (held-out or unknown)")
+        self.counts: dict[str, list[int]] = {t.name: [0, 0] for t in self.templates}
+        self.drawn = 0  # fresh instances built so far: the next seed
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return {"counts": self.counts, "drawn": self.drawn}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.counts = {k: [int(a), int(b)] for k, (a, b) in state["counts"].items()}
+        self.drawn = int(state["drawn"])
+
+    def observe(self, trajs: Sequence[Any]) -> None:
+        """Count verified episodes (infra ones are not the policy's) per template."""
+        for t in trajs:
+            name = str(t.provenance.get("template", ""))
+            if name in self.counts and not t.infra_failure and t.verification is not None:
+                self.counts[name][0] += int(bool(t.verification.success))
+                self.counts[name][1] += 1
+
+    def competence(self) -> dict[str, float]:
+        return {k: _competence(s, n) for k, (s, n) in self.counts.items()}
+
+    def weights(self) -> list[float]:
+        c = self.competence()
+        return [self.floor + 4.0 * c[t.name] * (1.0 - c[t.name]) for t in self.templates]
+
+    def draw(self, step: int, attempt: int, n: int) -> list[Any]:
+        """`n` fresh gated instances of templates drawn by weight (deterministic in (seed, step, attempt))."""
+        from mpa_jax.envs.benchmark import build_task
+        from mpa_jax.envs.gate import check_task
+        from mpa_jax.envs.sandbox import SandboxEnv
+
+        rng = np.random.default_rng([self.seed, int(step), int(attempt), 29])
+        w = np.asarray(self.weights(), np.float64)
+        env = SandboxEnv()
+        out: list[Any] = []
+        try:
+            while len(out) < n:
+                template = self.templates[int(rng.choice(len(self.templates), p=w / w.sum()))]
+                inst = FRESH_SEED_BASE + self.seed * 100_000 + self.drawn
+                self.drawn += 1
+                task = build_task(template, "train", inst)
+                if task is None:
+                    continue
+                task = dataclasses.replace(task, id=f"train/rl/{template.name}/{inst}", metadata={**task.metadata, "source": "rl-select"})
+                if check_task(task, env) is None:  # the quality gate, as for every generated task
+                    out.append(task)
+        finally:
+            env.close()
+        return out
+
+
+def mixture_weights(config: Any) -> dict[str, float]:
+    """`config.envs.mixture` as {kind: weight > 0}; one clear error for an unknown kind, a negative or all-zero weight."""
+    mix = config.envs.mixture
+    weights = {}
+    for kind in mix.keys():
+        if kind not in KINDS:
+            raise RLSetupError(f"config.envs.mixture.{kind}: unknown env kind (kinds: {', '.join(KINDS)})")
+        w = float(mix[kind])
+        if w < 0:
+            raise RLSetupError(f"config.envs.mixture.{kind}: weight must be >= 0, got {w}")
+        if w > 0:
+            weights[kind] = w
+    if not weights:
+        raise RLSetupError("config.envs.mixture: every weight is 0")
+    if "adb" in weights and not str(config.envs.adb.device):
+        raise RLSetupError("config.envs.mixture.adb > 0 needs a device: config.envs.adb.device")
+    return weights
+
+
+class TaskSource:
+    """The step's groups: (kind, task) pairs drawn by the mixture weights (module docstring)."""
+
+    def __init__(self, config: Any, tasks: Sequence[Any] | None = None) -> None:
+        self.seed = int(config.seed)
+        self.weights = mixture_weights(config)
+        self.kinds = list(self.weights)
+        split = list(tasks) if tasks is not None else (split_tasks(config) if any(k in SPLIT_KINDS for k in self.kinds) else [])
+        by_kind: dict[str, list[Any]] = {}
+        for kind in self.kinds:
+            if kind == "simulated":
+                from mpa_jax.envs.simulated import simulated_tasks
+
+                by_kind[kind] = simulated_tasks(int(config.rl.simulated_tasks), seed=self.seed)
+            else:
+                by_kind[kind] = split
+        # the sandbox cursor keeps the seed of a sandbox-only run: a single-kind run draws as it always did
+        self.cursors = {k: TaskCursor(by_kind[k], self.seed if i == 0 else self.seed * 31 + i) for i, k in enumerate(self.kinds)}
+        self.tasks = [t for k in self.kinds for t in by_kind[k]]
+        mode = str(config.rl.selection)
+        if mode not in ("cursor", "competence"):
+            raise RLSetupError(f"config.rl.selection must be 'cursor' or 'competence', got {mode!r}")
+        self.selector = Selector(config) if mode == "competence" and any(k in SPLIT_KINDS for k in self.kinds) else None
+        self.tries = int(config.rl.select_tries)
+        if self.selector is not None:
+            if self.tries < 1:
+                raise RLSetupError(f"config.rl.select_tries must be >= 1, got {self.tries}")
+            prior = str(config.rl.select_prior)
+            if prior:
+                self.selector.observe(_read_trajectories(prior))
+
+    @property
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {k: c.position for k, c in self.cursors.items()}
+        if self.selector is not None:
+            out["selector"] = self.selector.state
+        return out
+
+    def restore(self, state: Any) -> None:
+        """From a checkpoint's cursor state (an int from runs before the mixture: the first kind's position)."""
+        if isinstance(state, int):
+            state = {self.kinds[0]: state}
+        for k, pos in state.items():
+            if k == "selector" and self.selector is not None:
+                self.selector.restore(pos)
+            elif k in self.cursors:
+                self.cursors[k].position = int(pos)
+
+    def _kinds(self, step: int, n: int, salt: int = 0) -> list[str]:
+        if len(self.kinds) == 1:
+            return [self.kinds[0]] * n
+        p = np.asarray([self.weights[k] for k in self.kinds], np.float64)
+        idx = np.random.default_rng([self.seed, int(step), 17 + salt]).choice(len(self.kinds), size=n, p=p / p.sum())
+        return [self.kinds[int(i)] for i in idx]
+
+    def draw(self, step: int, n: int, attempt: int = 0) -> list[tuple[str, Any]]:
+        """`n` groups of step `step`: the kind of each by weight, the task from that kind's cursor (or, with
+        selection, a fresh instance for the kinds that run the benchmark's tools)."""
+        kinds = self._kinds(step, n, attempt)
+        fresh = iter(self.selector.draw(step, attempt, sum(k in SPLIT_KINDS for k in kinds))) if self.selector is not None else None
+        out = []
+        for k in kinds:
+            if fresh is not None and k in SPLIT_KINDS:
+                out.append((k, next(fresh)))
+            else:
+                out.append((k, self.cursors[k].draw(1)[0]))
+        return out
+
+    def collect(self, runner: Any, engine: Any, tokenizer: Any, config: Any, step: int) -> "Rollouts":
+        """The step's rollouts: `rl.tasks_per_step` groups; with selection, only groups with signal (module
+        docstring), drawing again until the batch is full or `rl.select_tries` x that many groups were drawn."""
+        n = int(config.rl.tasks_per_step)
+        if self.selector is None:
+            return group_rollouts(runner, engine, tokenizer, self.draw(step, n), config, step)
+        t0 = time.perf_counter()
+        kept: Rollouts | None = None
+        drawn = attempt = 0
+        while (kept is None or len(kept.draws) < n) and drawn < n * self.tries:
+            want = n - (len(kept.draws) if kept is not None else 0)
+            r = group_rollouts(runner, engine, tokenizer, self.draw(step, want, attempt), config, step, attempt * 10)
+            self.selector.observe(r.trajs)
+            drawn += want
+            attempt += 1
+            r = r.with_groups([g for g in range(len(r.draws)) if has_signal(r, g, config.rl)])
+            kept = r if kept is None else kept.extend(r)
+        assert kept is not None
+        kept.rollout_s = time.perf_counter() - t0
+        kept.drawn = drawn
+        return kept
+
+    @property
+    def template_names(self) -> list[str]:
+        """Every template a step can draw (the keys of CARE's per-key cost normalisation)."""
+        names = {t.template for t in self.tasks} | ({t.name for t in self.selector.templates} if self.selector is not None else set())
+        return sorted(names)
+
+    def competence(self) -> dict[str, float]:
+        """Per-template competence of the selection table ({} without selection)."""
+        return self.selector.competence() if self.selector is not None else {}
+
+
+def _read_trajectories(path: str) -> list[Any]:
+    """Trajectories of a JSONL file or of every JSONL file in a directory."""
+    import os
+
+    from mpa_jax.envs.contract import Trajectory, read_jsonl
+
+    if os.path.isdir(path):
+        return [t for f in sorted(os.listdir(path)) if f.endswith(".jsonl") for t in read_jsonl(os.path.join(path, f), Trajectory)]
+    if not os.path.isfile(path):
+        raise RLSetupError(f"config.rl.select_prior={path!r} is neither a trajectories JSONL nor a directory of them")
+    return read_jsonl(path, Trajectory)
+
+
+def has_signal(r: "Rollouts", group: int, rl: Any) -> bool:
+    """A group has reward variance: its successes and failures differ, or (CARE with a length term) its
+    successes differ in cost. A unanimous group gives every rollout the same reward: no gradient."""
+    idx = [i for i, g in enumerate(r.groups) if g == group]
+    success = [bool(r.trajs[i].verification is not None and r.trajs[i].verification.success) for i in idx]
+    if len(set(success)) > 1:
+        return True
+    if str(rl.algo) == "care" and float(rl.lambda_max) > 0 and all(success) and len(idx) > 1:
+        costs = {(r.trajs[i].costs.get("output_tokens", 0.0), r.trajs[i].costs.get("tool_calls", 0.0)) for i in idx}
+        return len(costs) > 1
+    return False
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """One step's verified rollouts (infra failures already retried or dropped)."""
+
+    step: int
+    draws: list[tuple[str, Any]]  # (kind, task) per group
+    trajs: list[Any]
+    groups: list[int]  # the group of each trajectory
+    dropped: dict[str, int]  # infra episodes dropped after the retries, per kind
+    rollout_s: float
+    drawn: int = 0  # groups drawn to fill the step (selection: > the kept groups when some had no signal)
+
+    def with_groups(self, keep: Sequence[int]) -> "Rollouts":
+        """Only groups `keep` (renumbered in that order); the dropped-episode counts stay."""
+        new = {g: i for i, g in enumerate(keep)}
+        idx = [i for i, g in enumerate(self.groups) if g in new]
+        return Rollouts(self.step, [self.draws[g] for g in keep], [self.trajs[i] for i in idx], [new[self.groups[i]] for i in idx],
+                        dict(self.dropped), self.rollout_s, len(self.draws))
+
+    def extend(self, other: "Rollouts") -> "Rollouts":
+        """These groups followed by `other`'s."""
+        off = len(self.draws)
+        dropped = dict(self.dropped)
+        for k, v in other.dropped.items():
+            dropped[k] = dropped.get(k, 0) + v
+        return Rollouts(self.step, self.draws + other.draws, self.trajs + other.trajs, self.groups + [g + off for g in other.groups],
+                        dropped, self.rollout_s + other.rollout_s, self.drawn + other.drawn)
+
+    @property
+    def tasks(self) -> list[Any]:
+        return [t for _, t in self.draws]
+
+    def kind_of(self, i: int) -> str:
+        return self.draws[self.groups[i]][0]
+
+    def staleness(self, learner_version: int) -> int:
+        """Learner weight version minus the oldest version any of these rollouts sampled with."""
+        used = [int(v) for t in self.trajs for v in (t.provenance.get("weight_versions") or [t.provenance.get("weight_version", 0)])]
+        return learner_version - min(used) if used else 0
+
+    def drop_stale(self, version: int, max_staleness: int) -> int:
+        """Drop rollouts sampled with weights more than `max_staleness` versions behind `version`."""
+        keep = [i for i, t in enumerate(self.trajs)
+                if version - min(int(v) for v in (t.provenance.get("weight_versions") or [version])) <= max_staleness]
+        n = len(self.trajs) - len(keep)
+        self.trajs, self.groups = [self.trajs[i] for i in keep], [self.groups[i] for i in keep]
+        return n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "draws": [[k, json.loads(t.to_json())] for k, t in self.draws], "trajs": [t.to_dict() for t in self.trajs],
+                "groups": self.groups, "dropped": self.dropped, "rollout_s": self.rollout_s, "drawn": self.drawn}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Rollouts":
+        """From `to_dict`: the draws carry their tasks (fresh selected instances are in no split)."""
+        from mpa_jax.envs.contract import Task, Trajectory
+
+        return cls(int(d["step"]), [(k, Task.from_dict(t)) for k, t in d["draws"]], [Trajectory.from_dict(t) for t in d["trajs"]],
+                   [int(g) for g in d["groups"]], {k: int(v) for k, v in d["dropped"].items()}, float(d["rollout_s"]), int(d.get("drawn", 0)))
+
+
+def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tuple[str, Any]], config: Any, step: int,
+                   attempt0: int = 0) -> Rollouts:
+    """`rl.group_size` rollouts of each drawn (kind, task) through `runner`, sampling with
+    `SamplingParams.for_ratios` semantics (top_p=1, top_k=-1) at `rl.temperature`; infra episodes re-run up
+    to `rl.infra_retries` times with fresh seeds, then dropped and counted per kind."""
+    from mpa_jax.rollout.runner import EpisodeConfig
+
+    rl = config.rl
+    t0 = time.perf_counter()
+    g = int(rl.group_size)
+    pending = [gi for gi in range(len(draws)) for _ in range(g)]
+    done: list[tuple[int, Any]] = []
+    for attempt in range(int(rl.infra_retries) + 1):
+        if not pending:
+            break
+        cfg = EpisodeConfig.from_config(config.rollout, seed=step_seed(config.seed, step, attempt0 + attempt), temperature=float(rl.temperature),
+                                        top_p=1.0, top_k=-1, planner=f"rl-{rl.algo}")
+        trajs = runner.run(engine, tokenizer, [draws[gi][1] for gi in pending], cfg, kinds=[draws[gi][0] for gi in pending])
+        retry = []
+        for gi, tr in zip(pending, trajs):
+            if tr.infra_failure:
+                retry.append(gi)
+            else:
+                tr.provenance["sampling"] = {"temperature": float(rl.temperature), "top_p": 1.0, "top_k": -1,
+                                             "seed": cfg.seed, "for_ratios": True}
+                done.append((gi, tr))
+        pending = retry
+    dropped: dict[str, int] = {}
+    for gi in pending:
+        dropped[draws[gi][0]] = dropped.get(draws[gi][0], 0) + 1
+    return Rollouts(step, list(draws), [t for _, t in done], [gi for gi, _ in done], dropped, time.perf_counter() - t0, len(draws))

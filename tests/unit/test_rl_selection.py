@@ -1,0 +1,102 @@
+"""Competence-aware task selection (`rl.selection = "competence"`, rl/rollouts.py): fresh instances whose
+seeds collide with no split's, held-out templates never drawn, weights highest at intermediate competence,
+and a group without reward variance never reaches the learner (the step draws again, within its tries)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpa_jax.config import load_config_file
+from mpa_jax.envs import load_tasks
+from mpa_jax.envs.contract import Trajectory, Verification
+from mpa_jax.eval import held_out_templates
+from mpa_jax.rl.rollouts import FRESH_SEED_BASE, RLSetupError, Selector, TaskSource, has_signal
+
+
+def _config(**rl):
+    c = load_config_file("configs/tiny.py")
+    c.rl.selection, c.rl.tasks_per_step, c.rl.group_size = "competence", 4, 3
+    for k, v in rl.items():
+        c.rl[k] = v
+    return c
+
+
+def _traj(task, ok: bool, tokens: float = 10.0) -> Trajectory:
+    return Trajectory(task_id=task.id, tokens=[], loss_mask=[], logprobs=[], steps=[], verification=Verification(ok, float(ok)),
+                      costs={"output_tokens": tokens, "tool_calls": 1.0}, provenance={"template": task.template})
+
+
+class _Runner:
+    """Stands in for the episode runner (the rollouts' outcomes are what is under test): an episode succeeds
+    when `outcome(task, i)` says so, i = its index within the call."""
+
+    def __init__(self, outcome):
+        self.outcome, self.calls = outcome, []
+
+    def run(self, engine, tok, tasks, cfg, kinds=None):
+        self.calls.append([t.id for t in tasks])
+        return [_traj(t, self.outcome(t, i)) for i, t in enumerate(tasks)]
+
+
+def test_fresh_instances_never_collide_with_the_benchmark_and_never_use_held_out_templates():
+    sel = Selector(_config())
+    tasks = sel.draw(step=0, attempt=0, n=40) + sel.draw(step=1, attempt=0, n=40)
+    bench = {(t.template, t.seed) for s in ("train", "dev", "test") for t in load_tasks(s)}
+    bench_seeds = {t.seed for s in ("train", "dev", "test") for t in load_tasks(s)}
+    assert len(tasks) == 80 and len({t.id for t in tasks}) == 80
+    assert all(t.seed >= FRESH_SEED_BASE > max(bench_seeds) for t in tasks)
+    assert not {(t.template, t.seed) for t in tasks} & bench
+    assert not {t.template for t in tasks} & held_out_templates()
+    assert all(t.split == "train" for t in tasks)
+    with pytest.raises(RLSetupError, match="held-out or unknown"):
+        Selector(_config(templates=sorted(held_out_templates())[0]))
+
+
+def test_weights_favour_intermediate_competence():
+    sel = Selector(_config(templates="calc.tip_split,contact.create,weather.forecast"))
+    sel.counts = {"calc.tip_split": [20, 20], "contact.create": [5, 10], "weather.forecast": [0, 20]}
+    w = dict(zip([t.name for t in sel.templates], sel.weights()))
+    assert w["contact.create"] > 0.9 and w["calc.tip_split"] < 0.25 and w["weather.forecast"] < 0.25
+    draws = [t.template for t in sel.draw(0, 0, 60)]
+    assert draws.count("contact.create") > draws.count("calc.tip_split") + draws.count("weather.forecast")
+
+
+def test_unanimous_groups_are_never_kept_and_the_step_draws_again_within_its_tries():
+    cfg = _config(templates="calc.tip_split,contact.create", select_tries=3)
+    source = TaskSource(cfg)
+    # contact.create: one success per group of 3 (signal); calc.tip_split: every rollout succeeds (none)
+    runner = _Runner(lambda t, i: t.template == "calc.tip_split" or i % 3 == 0)
+    r = source.collect(runner, None, None, cfg, step=0)
+    assert all(has_signal(r, g, cfg.rl) for g in range(len(r.draws)))
+    assert all(t.template == "contact.create" for _, t in r.draws) and len(r.draws) <= 4
+    assert r.drawn == sum(len(c) for c in runner.calls) // 3 and r.drawn <= 4 * 3
+    assert all(r.trajs[i].task_id == r.draws[g][1].id for i, g in enumerate(r.groups))
+    # what every drawn group showed is in the table (kept or not)
+    s, n = source.selector.counts["calc.tip_split"]
+    assert n > 0 and s == n
+    # no group has signal: the step ends after its tries with nothing to train on
+    nothing = TaskSource(cfg).collect(_Runner(lambda t, i: True), None, None, cfg, step=0)
+    assert nothing.draws == [] and nothing.trajs == [] and nothing.drawn == 12
+
+
+def test_care_keeps_all_success_groups_whose_costs_differ():
+    cfg = _config(algo="care", lambda_max=0.5)
+    task = load_tasks("train")[0]
+    from mpa_jax.rl.rollouts import Rollouts
+
+    r = Rollouts(0, [("sandbox", task)], [_traj(task, True, 10.0), _traj(task, True, 30.0)], [0, 0], {}, 0.0)
+    assert has_signal(r, 0, cfg.rl)
+    cfg.rl.algo = "vanilla"
+    assert not has_signal(r, 0, cfg.rl)
+
+
+def test_selection_state_round_trips():
+    cfg = _config()
+    a = TaskSource(cfg)
+    a.draw(0, 4)
+    a.selector.observe([_traj(t, True) for _, t in a.draw(1, 4)])
+    b = TaskSource(cfg)
+    b.restore(a.state)
+    assert b.state == a.state
+    assert [t.id for _, t in b.draw(2, 4)] == [t.id for _, t in a.draw(2, 4)]
+    assert np.isclose(sum(a.competence().values()), sum(b.competence().values()))
