@@ -351,6 +351,13 @@ class Engine:
                 raise EngineError("warmup: requests are running")
             return loop.dec.warmup(prompt_len, max_new, greedy=greedy, filtered=filtered, n_top=n_top)
 
+    def as_rounds(self) -> "RoundsView":
+        """This engine without `submit`: an episode runner then schedules rounds of `generate` (each a batch
+        on an idle engine, bitwise reproducible: what an exactly resumable RL run needs) instead of
+        submitting each turn when it is ready (faster, but float rounding then depends on what else
+        runs, ~1e-7 on log-probs)."""
+        return RoundsView(self)
+
     def close(self) -> None:
         """Stop the slot loop's thread and free its caches (a later request builds them again)."""
         with self._build:
@@ -562,6 +569,31 @@ class Engine:
             spec = PartitionSpec(axes, *([None] * (a.ndim - 1)))
             out.append(jax.device_put(a, NamedSharding(mesh, spec)))
         return tuple(out)
+
+
+class RoundsView:
+    """`Engine.as_rounds()`: the RolloutEngine protocol of an engine (generate, generate_rows,
+    update_weights, weight_version, vocab_limit, max_positions, cfg), without `submit`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    cfg = property(lambda self: self.engine.cfg)
+    params = property(lambda self: self.engine.params)
+    weight_version = property(lambda self: self.engine.weight_version)
+    vocab_limit = property(lambda self: self.engine.vocab_limit)
+    max_positions = property(lambda self: self.engine.max_positions)
+    device_s = property(lambda self: self.engine.device_s)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None) -> list[GenerateResult]:
+        return self.engine.generate(prompts, params, seeds)
+
+    def generate_rows(self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], seeds: Sequence[int] | None = None,
+                      top_logprobs: int = 0) -> list[GenerateResult]:
+        return self.engine.generate_rows(prompts, params, seeds, top_logprobs)
+
+    def update_weights(self, source: Any, version: str) -> None:
+        self.engine.update_weights(source, version)
 
 
 JaxEngine = Engine  # the name every caller used; same constructor (max_batch=, replicas=, ...) and methods
