@@ -108,6 +108,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.top_k = -1
     c.rollout.greedy_eval = True
+    # continuous: each episode's next turn goes to the embedded engine as soon as its feedback is ready (RL's
+    # rollouts always run in rounds: bitwise reproducible batches for exact resume); rounds: one call per round
+    c.rollout.schedule = "continuous"
     c.rollout.sharded = False  # place the embedded engine on `c.mesh` (accelerators); one device otherwise
     c.rollout.replicas = 0  # unsharded engine: weight copies decoding parts of each batch; 0 = one per CPU core
 

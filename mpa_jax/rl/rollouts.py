@@ -372,8 +372,9 @@ def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tup
     for attempt in range(int(rl.infra_retries) + 1):
         if not pending:
             break
+        # rounds: every batch on an idle engine, bitwise reproducible, so a resumed run samples what the first did
         cfg = EpisodeConfig.from_config(config.rollout, seed=step_seed(config.seed, step, attempt0 + attempt), temperature=float(rl.temperature),
-                                        top_p=1.0, top_k=-1, planner=f"rl-{rl.algo}")
+                                        top_p=1.0, top_k=-1, planner=f"rl-{rl.algo}", schedule="rounds")
         trajs = runner.run(engine, tokenizer, [draws[gi][1] for gi in pending], cfg, kinds=[draws[gi][0] for gi in pending])
         retry = []
         for gi, tr in zip(pending, trajs):

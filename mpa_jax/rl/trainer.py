@@ -317,10 +317,8 @@ def _one_step(config: Any, step: int, learner: Any, engine: Any, rollouts: Rollo
         before_sync()  # async: the prefetch must not see a weight swap mid-generation
     t2 = time.perf_counter()
     if len(updates) > bad:
-        from mpa_jax.rollout.engines import owned_copy
-
         version += 1
-        engine.update_weights(owned_copy(learner.params), str(version))
+        engine.update_weights(learner.params, str(version))  # the engine copies (the train step donates its state)
     t_sync = time.perf_counter() - t2
 
     good = [u for u in updates if not u.get("nonfinite", 0.0)]

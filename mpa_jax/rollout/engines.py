@@ -19,15 +19,6 @@ class RolloutSetupError(ValueError):
     """A checkpoint, tokenizer or config does not fit the rollout; the message names it."""
 
 
-def owned_copy(params: Any) -> Any:
-    """`params` in fresh buffers, for an engine to keep: the learner's train step donates its state's buffers,
-    and on a CPU host even a host round trip (`device_get` + `device_put`) can hand back the same buffer."""
-    import jax
-    import jax.numpy as jnp
-
-    return jax.tree.map(lambda x: jnp.array(x, copy=True), params)
-
-
 def _is_hf_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "config.json"))
 
@@ -122,7 +113,7 @@ def make_engine(
     except EngineError as e:
         raise RolloutSetupError(f"config.model: {e}") from None
     if params is not None:
-        return JaxEngine(cfg, owned_copy(params), weight_version=str(version), **kw)
+        return JaxEngine(cfg, params, weight_version=str(version), **kw)  # the engine keeps its own copy
     params = models.init_params(cfg, jax.random.key(int(config.seed)), mesh=mesh, rules=rules)
     return JaxEngine(cfg, params, weight_version="init", **kw)
 

@@ -270,9 +270,10 @@ class Engine:
         """`params` in fresh buffers of the engine's placement: a caller may donate or change its own
         arrays afterwards (the learner's train step donates its state).
 
-        Host arrays are copied first: on CPU `device_put` of a numpy array may alias its memory whatever
-        `may_alias` says, and `jax.device_get` of a CPU array is itself a view of the device buffer."""
-        fresh = jax.tree.map(lambda x: np.array(x, copy=True) if isinstance(x, np.ndarray) else x, params)
+        Every leaf is copied first: on CPU `device_put` of a numpy array may alias its memory whatever
+        `may_alias` says, `jax.device_get` of a CPU array is itself a view of the device buffer, and a device
+        array already on the target placement can come back as the same buffer."""
+        fresh = jax.tree.map(lambda x: np.array(x, copy=True) if isinstance(x, np.ndarray) else jnp.array(x, copy=True), params)
         return jax.device_put(fresh, self._param_shardings, may_alias=False)
 
     def update_weights(self, source: Any, version: str) -> None:

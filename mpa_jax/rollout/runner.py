@@ -35,10 +35,12 @@ Generation stops only on `<|im_end|>`, the one token the chat template ends an a
 turn that did not end with it is closed by appending `<|im_end|>` with mask 0 and log-prob 0
 (`tokenizer.chat.ChatSession` keeps the token bookkeeping).
 
-Scheduling: an engine with `submit(prompt_ids, params, seed) -> Future[GenerateResult]` (continuous
-batching) gets each episode's next turn as soon as its feedback is ready; any other engine
-(`generate(prompts, params, seeds)`) gets one call per distinct token budget per round of all live
-episodes. Sampling seeds are per (episode, turn), so the schedule never changes what is sampled.
+Scheduling (`EpisodeConfig.schedule`, `config.rollout.schedule`): "continuous" gives a streaming engine
+(`rollout.types.StreamingEngine`: the embedded engine's `submit(prompt_ids, params, seed) -> Future`) each
+episode's next turn as soon as its feedback is ready; "rounds", and every engine without `submit` (SGLang,
+test doubles), get one `generate` call per distinct token budget per round of all live episodes (each a batch
+on an idle engine: bitwise reproducible, which RL's exact resume needs). Sampling seeds are per (episode,
+turn), so the schedule changes what is sampled only by float rounding (~1e-7 on log-probs).
 """
 from __future__ import annotations
 
@@ -70,11 +72,17 @@ class EpisodeConfig:
     seed: int = 0
     planner: str = "policy"
     max_output_errors: int = 0  # end the episode after this many malformed turns; 0 = only the turn/token limits
+    # "continuous": a streaming engine gets each episode's next turn as soon as it is ready (fastest);
+    # "rounds": one generate call per token budget per round (each batch on an idle engine: bitwise
+    # reproducible, what RL's exact resume needs). Engines without `submit` always run rounds.
+    schedule: str = "continuous"
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_total_tokens", "batch_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"EpisodeConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.schedule not in ("continuous", "rounds"):
+            raise ValueError(f"config.rollout.schedule must be 'continuous' or 'rounds', got {self.schedule!r}")
 
     @classmethod
     def from_config(cls, rollout_cfg: Any, seed: int = 0, greedy: bool = False, **overrides: Any) -> "EpisodeConfig":
@@ -89,6 +97,7 @@ class EpisodeConfig:
             batch_size=int(rollout_cfg.batch_size),
             seed=int(seed),
             max_output_errors=int(rollout_cfg.max_output_errors),
+            schedule=str(rollout_cfg.schedule),
         )
         kw.update(overrides)
         return cls(**kw)
@@ -225,7 +234,9 @@ class _Run:
         self.results: dict[int, Trajectory] = {}
 
     def go(self) -> list[Trajectory]:
-        if callable(getattr(self.engine, "submit", None)):
+        from mpa_jax.rollout.types import StreamingEngine
+
+        if self.cfg.schedule == "continuous" and isinstance(self.engine, StreamingEngine):
             self._continuous()
         else:
             self._rounds()
@@ -305,7 +316,8 @@ class _Run:
                 self._finish(ep, "max_tokens")
                 return
             try:
-                fut = self.engine.submit(ep.ids, self._params(budget), episode_seed(self.cfg.seed, ep.index, ep.rules.turns))
+                fut = self.engine.submit(ep.ids, self._params(budget), episode_seed(self.cfg.seed, ep.index, ep.rules.turns),
+                                         updates=False)  # only the result: no per-token stream
             except EngineError as e:
                 self._finish(ep, "infra", f"engine error: {e}")
                 return

@@ -98,6 +98,10 @@ class Tokenizer:
             raise TokenizerError(f"token id {bad} is outside the vocabulary (size {self.vocab_size})")
         return self._tk.decode_batch([[i] for i in ids], skip_special_tokens=False)
 
+    def has_token(self, token: str) -> bool:
+        """True when `token` is one token of the vocabulary."""
+        return token in self._vocab
+
     def token_id(self, token: str) -> int:
         """Id of one token string (e.g. '<|im_end|>'); raises TokenizerError when it is not in the vocabulary."""
         i = self._vocab.get(token)

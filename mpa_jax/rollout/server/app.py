@@ -128,7 +128,7 @@ def create_app(
     state = {"model_path": model_path}
     load = _Load()  # rows and tokens of the requests being answered (`/get_load`)
     default_stop = list(getattr(tokenizer, "eos_token_ids", []) or [])
-    chat_stop = [tokenizer.token_id("<|im_end|>")] if tokenizer is not None and "<|im_end|>" in _vocab(tokenizer) else default_stop
+    chat_stop = [tokenizer.token_id("<|im_end|>")] if tokenizer is not None and tokenizer.has_token("<|im_end|>") else default_stop
 
     def get_batcher() -> Any:
         nonlocal current
@@ -447,11 +447,6 @@ class _Load:
         with self.track(rows, tokens):
             async for event in events:
                 yield event
-
-
-def _vocab(tokenizer: Any) -> Any:
-    vocab = getattr(tokenizer, "_vocab", None)
-    return vocab if vocab is not None else {}
 
 
 def _vocab_limit(engine: Any, tokenizer: Any) -> int:
