@@ -186,7 +186,7 @@ def get_config() -> ml_collections.ConfigDict:
     # which tasks a step trains on: "cursor" = a seeded permutation of rl.split; "competence" = fresh instances of
     # train templates drawn by competence (most where it is intermediate), groups without reward variance re-drawn
     c.rl.selection = "cursor"
-    c.rl.select_tries = 3  # competence: at most tasks_per_step x this many groups drawn per step
+    c.rl.select_tries = 2  # competence: at most tasks_per_step x this many groups drawn per step
     c.rl.select_floor = 0.05  # competence: weight of templates at competence 0 or 1
     c.rl.select_prior = ""  # competence: trajectories (JSONL or dir) whose outcomes seed the table (the data stage's probe)
     c.rl.simulated_tasks = 64  # training tasks of the simulated env when config.envs.mixture.simulated > 0
@@ -229,10 +229,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.refresh_steps = 40  # SFT steps per round on the curated data so far (0 = none); also the cold start's from a starter
     c.loop.refresh_lr = 1e-4  # fresh AdamW moments on a converged starter (it ended at 2e-4)
     c.loop.rl_steps = 2  # CARE RL steps per round (config.rl.* for the rest); 0 = no RL
-    # RL tasks: "data" = the previous data stage's constructed tasks (fresh instances, weighted by the policy's
-    # competence: groups with both successes and failures), "split" = config.rl.split (the starter's own
-    # training instances: sampled success ~0.9, most groups all-success, so little signal)
-    c.loop.rl_tasks = "data"
+    # RL tasks: "select" = competence-aware selection (rl.selection = "competence", seeded by the data stage's
+    # probe: fresh instances of templates of intermediate competence, unanimous groups re-drawn); "data" = the
+    # previous data stage's constructed tasks; "split" = config.rl.split (the starter's own training instances:
+    # sampled success ~0.9, most groups all-success, so little signal)
+    c.loop.rl_tasks = "select"
     # learner devices of the loop's SFT and RL stages (0 = config.mesh): on CPU one, since each of the 8 forced
     # host devices holds its own micro-batch at once (the tiny loop's first RL step passed 6 GB RSS on 8) and
     # they share the same two cores
