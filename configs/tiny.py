@@ -186,7 +186,9 @@ def get_config() -> ml_collections.ConfigDict:
     # which tasks a step trains on: "cursor" = a seeded permutation of rl.split; "competence" = fresh instances of
     # train templates drawn by competence (most where it is intermediate), groups without reward variance re-drawn
     c.rl.selection = "cursor"
-    c.rl.select_tries = 2  # competence: at most tasks_per_step x this many groups drawn per step
+    # competence: at most tasks_per_step x this many groups drawn per step; the demo's budget allows 1 (fresh
+    # instances by competence, unanimous groups left out, none re-drawn); configs/rl_lift.py uses 3
+    c.rl.select_tries = 1
     c.rl.select_floor = 0.05  # competence: weight of templates at competence 0 or 1
     c.rl.select_prior = ""  # competence: trajectories (JSONL or dir) whose outcomes seed the table (the data stage's probe)
     c.rl.simulated_tasks = 64  # training tasks of the simulated env when config.envs.mixture.simulated > 0

@@ -306,8 +306,9 @@ class _Run:
 
     def _continuous(self) -> None:
         """Continuous batching: each episode's next turn is submitted as soon as its feedback is ready."""
-        generating: dict[cf.Future, tuple[_Live, float]] = {}
+        generating: dict[cf.Future, tuple[_Live, float]] = {}  # request -> (episode, engine seconds charged to it)
         acting: dict[cf.Future, _Live] = {}
+        last = time.perf_counter()
         workers = cf.ThreadPoolExecutor(max(1, self.cfg.batch_size), thread_name_prefix="episode")
 
         def submit(ep: _Live) -> None:
@@ -321,7 +322,7 @@ class _Run:
             except EngineError as e:
                 self._finish(ep, "infra", f"engine error: {e}")
                 return
-            generating[fut] = (ep, time.perf_counter())
+            generating[fut] = (ep, 0.0)
 
         def acted(ep: _Live, done: bool) -> None:
             if done:
@@ -341,18 +342,24 @@ class _Run:
                         continue
                     break
                 done, _ = cf.wait(list(generating) + list(acting), return_when=cf.FIRST_COMPLETED)
+                # the engine's time since the last event is shared by the requests it served meanwhile (as a
+                # round's call time is shared by its rows), not each request's own queue-and-decode latency
+                now = time.perf_counter()
+                if generating:
+                    each = (now - last) / len(generating)
+                    generating.update({f: (e, s + each) for f, (e, s) in generating.items()})
+                last = now
                 for fut in done:
                     if fut in acting:
                         ep = acting.pop(fut)
                         acted(ep, fut.result())
                         continue
-                    ep, t0 = generating.pop(fut)
+                    ep, dt = generating.pop(fut)
                     try:
                         out = fut.result()
                     except EngineError as e:
                         self._finish(ep, "infra", f"engine error: {e}")
                         continue
-                    dt = time.perf_counter() - t0
                     if self._inline(ep):
                         acted(ep, self._turn(ep, out, dt))
                     else:
