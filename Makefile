@@ -31,7 +31,7 @@ demo: install
 test: install-test
 	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
 	command -v adb >/dev/null || (apt-get update && apt-get install -y adb)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 bench: install-test
 	$(BIN)/python bench/run_all.py

@@ -159,6 +159,22 @@ def parse_serve(out: str) -> list[Row]:
     return rows
 
 
+def parse_rollout_engine(out: str) -> list[Row]:
+    """One row per mode of the table after the header line (`mode slots episodes/s ...`); every mode after the
+    first (`batch`: the round-synchronous whole-batch path) is compared with it."""
+    if "episodes/s    tok/s" not in out:
+        return []
+    line = r"^\s*(\w+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+\S+\s+\S+\s+\S+\s+\d+\s+(\d+)/(\d+)\s+\d+\s*$"
+    found = re.findall(line, out.split("episodes/s    tok/s", 1)[1], re.M)
+    rows: list[Row] = []
+    base = (found[0][0], float(found[0][2])) if found else None
+    for mode, slots, eps, _tps, _wall, same, n in found:
+        slot = "" if slots == "-" else f", {slots} slots"
+        peer, pv = (f"{base[0]} (same run)", base[1]) if base and mode != base[0] else ("-", None)
+        rows.append((f"rollout episodes/s, {mode}{slot} (same tokens {same}/{n})", "episodes/s", float(eps), peer, pv, "higher"))
+    return rows
+
+
 def parse_learning_sweep(out: str) -> list[Row]:
     """The sweep's data-parallel table (what `make bench` runs: the grid cells are experiments for
     docs/learning.md, not figures): the starter's SFT step on D host devices vs on the round's first count."""
@@ -226,6 +242,7 @@ PARSERS: dict[str, Callable[[str], list[Row]]] = {
     "logprobs_memory": parse_logprobs_memory, "memory": parse_memory, "models_accel": parse_models_accel,
     "learning_sweep": parse_learning_sweep, "rl_memory": parse_rl_memory, "rl_step": parse_rl_step, "sandbox": parse_sandbox, "scan_compile": parse_scan_compile, "serve": parse_serve,
     "tool_retrieval": parse_tool_retrieval, "train_step": parse_train_step, "fleet": parse_bench_rows,
+    "rollout_engine": parse_rollout_engine,
 }
 # `make bench` sizes: each bench's arguments finish in ~1-3 minutes on a 2-core host (docs/perf.md lists them);
 # the benches' own defaults are the full measurements and take much longer there.
@@ -237,6 +254,7 @@ ARGS: dict[str, list[str]] = {
     "memory": ["--tokens", "1m", "--queries", "100", "--dir", "/tmp/mpa_memory_bench_1m"],
     "learning_sweep": ["--out", "/tmp/mpa_learning_sweep_bench", "--dp", "1", "2", "--dp-steps", "2", "--dp-repeats", "1"],
     "rl_memory": ["--config", "configs/tiny.py", "--layout", "budget", "--episodes", "16", "--min-len", "300", "--max-len", "900"],
+    "rollout_engine": ["--episodes", "16", "--slots", "16"],
     "rl_step": ["--prompt-len", "64", "--completion-len", "16", "--tasks", "4", "--group", "4", "--iters", "1"],
     "sandbox": ["--calls", "20000", "--resets", "1000", "--live", "32", "--rounds", "20"],
     "serve": ["--concurrency", "1", "16", "--requests", "2", "--new", "16"],

@@ -307,13 +307,16 @@ class Rollouts:
     dropped: dict[str, int]  # infra episodes dropped after the retries, per kind
     rollout_s: float
     drawn: int = 0  # groups drawn to fill the step (selection: > the kept groups when some had no signal)
+    unused: list[Any] = dataclasses.field(default_factory=list)  # verified episodes of groups left out (no signal)
 
     def with_groups(self, keep: Sequence[int]) -> "Rollouts":
-        """Only groups `keep` (renumbered in that order); the dropped-episode counts stay."""
+        """Only groups `keep` (renumbered in that order); the others' episodes move to `unused` (they are
+        outcomes all the same: competence for the next data stage, failure traces for the harness)."""
         new = {g: i for i, g in enumerate(keep)}
         idx = [i for i, g in enumerate(self.groups) if g in new]
+        left = [t for t, g in zip(self.trajs, self.groups) if g not in new]
         return Rollouts(self.step, [self.draws[g] for g in keep], [self.trajs[i] for i in idx], [new[self.groups[i]] for i in idx],
-                        dict(self.dropped), self.rollout_s, len(self.draws))
+                        dict(self.dropped), self.rollout_s, len(self.draws), self.unused + left)
 
     def extend(self, other: "Rollouts") -> "Rollouts":
         """These groups followed by `other`'s."""
@@ -322,7 +325,7 @@ class Rollouts:
         for k, v in other.dropped.items():
             dropped[k] = dropped.get(k, 0) + v
         return Rollouts(self.step, self.draws + other.draws, self.trajs + other.trajs, self.groups + [g + off for g in other.groups],
-                        dropped, self.rollout_s + other.rollout_s, self.drawn + other.drawn)
+                        dropped, self.rollout_s + other.rollout_s, self.drawn + other.drawn, self.unused + other.unused)
 
     @property
     def tasks(self) -> list[Any]:
@@ -346,7 +349,8 @@ class Rollouts:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "draws": [[k, json.loads(t.to_json())] for k, t in self.draws], "trajs": [t.to_dict() for t in self.trajs],
-                "groups": self.groups, "dropped": self.dropped, "rollout_s": self.rollout_s, "drawn": self.drawn}
+                "groups": self.groups, "dropped": self.dropped, "rollout_s": self.rollout_s, "drawn": self.drawn,
+                "unused": [t.to_dict() for t in self.unused]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Rollouts":
@@ -354,7 +358,8 @@ class Rollouts:
         from mpa_jax.envs.contract import Task, Trajectory
 
         return cls(int(d["step"]), [(k, Task.from_dict(t)) for k, t in d["draws"]], [Trajectory.from_dict(t) for t in d["trajs"]],
-                   [int(g) for g in d["groups"]], {k: int(v) for k, v in d["dropped"].items()}, float(d["rollout_s"]), int(d.get("drawn", 0)))
+                   [int(g) for g in d["groups"]], {k: int(v) for k, v in d["dropped"].items()}, float(d["rollout_s"]), int(d.get("drawn", 0)),
+                   [Trajectory.from_dict(t) for t in d.get("unused", [])])
 
 
 def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tuple[str, Any]], config: Any, step: int,

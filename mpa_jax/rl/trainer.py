@@ -243,12 +243,13 @@ def run_rl(
 
 def _save_rollouts(workdir: str, step: int, rollouts: Rollouts) -> None:
     """The step's verified rollouts as `<workdir>/rollouts/step_NNNNNN.jsonl` (rewritten when a resumed run
-    repeats the step): per-cell competence for the next round's data and failure traces for the harness."""
+    repeats the step), the groups selection left out included: per-cell competence for the next round's data
+    and failure traces for the harness."""
     from mpa_jax.envs.contract import write_jsonl
 
     out = os.path.join(workdir, "rollouts", f"step_{step:06d}.jsonl")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    write_jsonl(out + ".tmp", rollouts.trajs)
+    write_jsonl(out + ".tmp", rollouts.trajs + rollouts.unused)
     os.replace(out + ".tmp", out)
 
 

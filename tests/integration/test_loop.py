@@ -71,15 +71,18 @@ def test_two_round_loop_killed_and_resumed(tmp_path, tmp_path_factory):
     st = json.loads(state.read_text())["done"]
     assert st["r1/refresh"]["steps"] == 2 and st["r2/refresh"]["export_dir"].endswith("r2/refresh/hf")
     assert st["r1/data"]["weights"] and abs(sum(st["r1/data"]["weights"].values()) - 1.0) < 1e-9
-    # RL trains on the previous data stage's constructed tasks (fresh instances) and keeps its rollouts,
-    # whose outcomes join the probe's in the next data stage's competence
+    # RL (loop.rl_tasks = "select") trains on fresh instances of train templates chosen by competence, and
+    # keeps all its rollouts (the groups without signal too), whose outcomes join the probe's in the next
+    # data stage's competence
     from mpa_jax.envs import Task, Trajectory, read_jsonl
+    from mpa_jax.eval import held_out_templates
 
     constructed = {t.id for t in read_jsonl(st["r0/data"]["tasks_path"], Task)}
     assert len(constructed) == st["r0/data"]["constructed"] > 0
     rollouts = [t for f in sorted(os.listdir(st["r1/rl"]["rollouts_dir"]))
                 for t in read_jsonl(os.path.join(st["r1/rl"]["rollouts_dir"], f), Trajectory)]
-    assert rollouts and {t.task_id for t in rollouts} <= constructed
+    assert len(rollouts) == 2 * 2  # rl.tasks_per_step groups of rl.group_size, select_tries 1
+    assert all(t.task_id.startswith("train/rl/") and t.task_id.split("/")[2] not in held_out_templates() for t in rollouts)
     probe = read_jsonl(str(workdir / "data" / "r1" / "policy.jsonl"), Trajectory)
     scored = [t for t in probe + rollouts if not t.infra_failure and t.verification is not None]
     counted = sum(int(c["n"]) for c in st["r1/data"]["competence"].values())

@@ -77,6 +77,13 @@ def test_unanimous_groups_are_never_kept_and_the_step_draws_again_within_its_tri
     # no group has signal: the step ends after its tries with nothing to train on
     nothing = TaskSource(cfg).collect(_Runner(lambda t, i: True), None, None, cfg, step=0)
     assert nothing.draws == [] and nothing.trajs == [] and nothing.drawn == 12
+    # ... but the groups left out keep their episodes (saved with the step's rollouts: outcomes for the next
+    # data stage, failure traces for the harness), through a checkpoint's round trip too
+    assert len(nothing.unused) == 12 * 3 and len(r.unused) == 3 * (r.drawn - len(r.draws))
+    from mpa_jax.rl.rollouts import Rollouts
+
+    back = Rollouts.from_dict(r.to_dict())
+    assert [t.task_id for t in back.unused] == [t.task_id for t in r.unused] and back.groups == r.groups
 
 
 def test_care_keeps_all_success_groups_whose_costs_differ():
