@@ -12,7 +12,7 @@ from mpa_jax.rollout.jax_engine import Engine
 from mpa_jax.rollout.slots import slot_support
 from mpa_jax.rollout.types import SamplingParams
 
-QWEN35 = models.ModelConfig(family="qwen3_5", vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+QWEN35 = models.ModelConfig(family="qwen3_5", vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                             num_attention_heads=2, num_key_value_heads=1, head_dim=16, partial_rotary_factor=0.25,
                             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
                             full_attention_interval=2, tie_word_embeddings=True, max_position_embeddings=512)
