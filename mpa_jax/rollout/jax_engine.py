@@ -85,7 +85,7 @@ class Engine:
       slots: decode slots (rows decoding at once; default `max_batch`); rounded up to a power of two
         per replica.
       slot_len: ring columns per slot: prompt bucket + max_new_tokens of the longest request that
-        runs in a slot (longer ones run through `generate_batch`). Default min(max positions, 4096);
+        runs in a slot (longer ones run through `generate_batch`). Default 4,096; at most the max positions;
         a chunk attends only over the columns its rows hold, so a long ring costs memory, not steps.
       chunk: decode steps between admissions (and stream updates); `long_chunk` (default 4 x chunk)
         for a lone request.
@@ -157,7 +157,7 @@ class Engine:
         # Batch buckets of `generate_batch` must split evenly over the data-parallel devices.
         self.max_batch = _bucket(max(max_batch, self._data_size), self._data_size)
         self._slot_cfg = {"slots": int(slots) if slots is not None else int(max_batch),
-                          "max_len": int(slot_len) if slot_len is not None else min(DEFAULT_SLOT_LEN, cfg.max_position_embeddings),
+                          "max_len": min(int(slot_len) if slot_len is not None else DEFAULT_SLOT_LEN, cfg.max_position_embeddings),
                           "chunk": int(chunk), "long_chunk": long_chunk, "max_prefill": int(max_prefill)}
         self.idle_exit_s = float(idle_exit_s)
         self._signature = _tree_signature(params)

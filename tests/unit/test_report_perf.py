@@ -39,6 +39,7 @@ EXPECTED = {
     "models_accel": ["bf16 logits error vs float32, gqa2_untied", "fwd+bwd tokens/s on cpu"],
     "rl_memory": ["micro-batch", "peak RSS"],
     "rl_step": ["RL iteration"],
+    "rl_engine_step": ["RL step wall time", "RL step rollout time"],
     "rollout_engine": ["rollout episodes/s, batch", "rollout episodes/s, continuous, 32 slots"],
     "sandbox": ["read calls/s", "reset median", "simulated env"],
     "scan_compile": ["compile, 64 layers", "64 vs 8 layers"],
