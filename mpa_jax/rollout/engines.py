@@ -98,7 +98,7 @@ def make_engine(
 
         mesh = sharding.make_mesh(config.mesh)
         rules = sharding.rules_from_config(config)
-    # slots as long as an episode may grow (rollout.max_total_tokens): a longer ring only costs attention
+    # slots as long as an episode may grow (rollout.max_total_tokens): a longer ring only costs memory
     kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh),
               vocab_limit=None if vocab_limit is None else int(vocab_limit), slot_len=int(config.rollout.max_total_tokens))
     if checkpoint is not None:
