@@ -198,6 +198,27 @@ def render_report(summary: dict[str, Any], workdir: str) -> str:
     return "\n".join(parts)
 
 
+def write_page(path: str, title: str, parts: list[str]) -> str:
+    """A self-contained HTML page (the report's CSS) of `parts` (HTML fragments: `html_table`, `png_img`, ...)."""
+    text = "\n".join([f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
+                      f"<h1>{html.escape(title)}</h1>", *parts, "</body></html>"])
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def html_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A table fragment for `write_page`."""
+    return _table(headers, rows)
+
+
+def png_img(path: str, alt: str) -> str:
+    """A PNG file inlined as an <img> fragment for `write_page`."""
+    with open(path, "rb") as f:
+        return _img("data:image/png;base64," + base64.b64encode(f.read()).decode(), alt)
+
+
 def write_report(workdir: str, summary: dict[str, Any]) -> str:
     """Write `<workdir>/report.html`; returns its path."""
     path = os.path.join(workdir, "report.html")

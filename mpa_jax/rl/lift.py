@@ -8,8 +8,9 @@ evaluated greedily, harness off, on the same dev tasks (`--seen` of templates se
 of held-out templates; 96 + 48 by default), and a row goes to `<arm>/curve.jsonl`: step, training episodes
 so far, success overall / seen / held-out, mean output tokens and tool calls. Everything resumes: RL from
 its last checkpoint (exact), evaluations from their eval.json. The start is evaluated once. At the end:
-`summary.json`, `table.md` (start vs each arm's last point, seed means; CARE vs vanilla when both ran) and
-`rl_lift.png` (success and output tokens against steps). Target (issue 28): +8 points over the start on the
+`summary.json`, `table.md` (start vs each arm's last point, seed means, the targets' verdicts; then every
+point of every arm), `rl_lift.png` (success overall, seen / held-out, and output tokens against steps and
+episodes) and `report.html` (all of it in one page). Target (issue 28): +8 points over the start on the
 144 tasks, and CARE within 2 points of vanilla at >= 25% fewer output tokens.
 """
 from __future__ import annotations
@@ -88,8 +89,9 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
     with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
-        f.write(table(summary) + "\n")
+        f.write(table(summary) + "\n\n" + curve_table(summary) + "\n")
     summary["png"] = plot(summary, os.path.join(workdir, "rl_lift.png"))
+    summary["report"] = write_lift_report(workdir, summary, summary["png"])
     return summary
 
 
@@ -98,47 +100,125 @@ def _mean(xs: list[Any]) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
-def table(summary: dict[str, Any]) -> str:
-    """Start vs each arm's last evaluated point (seed means and per seed), in points of greedy success."""
-    s = summary["start"]
-    head = (f"| policy | step | all ({summary['tasks']}) | seen ({summary['seen']}) | held-out ({summary['held_out']}) | output tokens |"
-            "\n|---|---|---|---|---|---|")
-    rows = [f"| start | 0 | {100 * s['success']:.1f}% | {100 * s['success_seen']:.1f}% | {100 * s['success_held_out']:.1f}% |"
-            f" {s['output_tokens']:.1f} |"]
+def _last_points(summary: dict[str, Any], algo: str) -> list[dict[str, Any]]:
+    return [c[-1] for c in summary["arms"].get(algo, {}).values() if c]
+
+
+def verdicts(summary: dict[str, Any]) -> list[str]:
+    """The issue's targets, judged on the arms' last points (seed means): +8 points over the start on all
+    tasks; CARE within 2 points of vanilla with >= 25% fewer output tokens (when both ran)."""
+    s, out = summary["start"], []
+    for algo in summary["arms"]:
+        lasts = _last_points(summary, algo)
+        if lasts:
+            gain = 100 * (_mean([p["success"] for p in lasts]) - s["success"])
+            held = 100 * (_mean([p["success_held_out"] for p in lasts]) - s["success_held_out"])
+            out.append(f"{algo} at step {lasts[0]['step']} ({len(lasts)} seed{'s' if len(lasts) > 1 else ''}): {gain:+.1f} points over the start"
+                       f" (held-out templates {held:+.1f}); target +8: {'met' if gain >= 8 else 'not met'}")
+    care, van = _last_points(summary, "care"), _last_points(summary, "vanilla")
+    if care and van:
+        d = 100 * (_mean([p["success"] for p in care]) - _mean([p["success"] for p in van]))
+        cut = 1 - _mean([p["output_tokens"] for p in care]) / _mean([p["output_tokens"] for p in van])
+        ok = d >= -2 and cut >= 0.25
+        out.append(f"CARE vs vanilla: success {d:+.1f} points, output tokens {-100 * cut:+.1f}%; target (>= -2 points, <= -25%): "
+                   f"{'met' if ok else 'not met'}")
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return f"{100 * x:.1f}%" if x is not None else "-"
+
+
+def _row(name: str, p: dict[str, Any], *extra: Any) -> list[Any]:
+    return [name, p["step"], *extra, _pct(p["success"]), _pct(p["success_seen"]), _pct(p["success_held_out"]), f"{p['output_tokens']:.1f}"]
+
+
+def _last_rows(summary: dict[str, Any]) -> list[list[Any]]:
+    """Start, each arm's last point per seed, and the seed mean when there are several seeds."""
+    rows = [_row("start", summary["start"])]
     for algo, by in summary["arms"].items():
-        lasts = [c[-1] for c in by.values() if c]
-        for seed, c in by.items():
-            if c:
-                p = c[-1]
-                rows.append(f"| {algo}, seed {seed} | {p['step']} | {100 * p['success']:.1f}% | {100 * (p['success_seen'] or 0):.1f}% |"
-                            f" {100 * (p['success_held_out'] or 0):.1f}% | {p['output_tokens']:.1f} |")
+        rows += [_row(f"{algo}, seed {seed}", c[-1]) for seed, c in by.items() if c]
+        lasts = _last_points(summary, algo)
         if len(lasts) > 1:
-            rows.append(f"| **{algo}, mean of {len(lasts)} seeds** | {lasts[0]['step']} | {100 * _mean([p['success'] for p in lasts]):.1f}% |"
-                        f" {100 * _mean([p['success_seen'] for p in lasts]):.1f}% | {100 * _mean([p['success_held_out'] for p in lasts]):.1f}% |"
-                        f" {_mean([p['output_tokens'] for p in lasts]):.1f} |")
-    return "\n".join([head] + rows)
+            mean = {k: _mean([p[k] for p in lasts]) for k in ("success", "success_seen", "success_held_out", "output_tokens")}
+            rows.append(_row(f"**{algo}, mean of {len(lasts)} seeds**", {"step": lasts[0]["step"], **mean}))
+    return rows
+
+
+def _curve_rows(summary: dict[str, Any]) -> list[list[Any]]:
+    rows = [_row("start", summary["start"], 0)]
+    for algo, by in summary["arms"].items():
+        for seed, c in by.items():
+            rows += [_row(f"{algo} s{seed}", p, int(p["episodes"])) for p in c]
+    return rows
+
+
+def _markdown(headers: list[str], rows: list[list[Any]]) -> str:
+    return "\n".join(["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + ["| " + " | ".join(str(x) for x in r) + " |" for r in rows])
+
+
+def _last_headers(summary: dict[str, Any]) -> list[str]:
+    return ["policy", "step", f"all ({summary['tasks']})", f"seen ({summary['seen']})", f"held-out ({summary['held_out']})", "output tokens"]
+
+
+CURVE_HEADERS = ["arm", "step", "episodes", "all", "seen", "held-out", "output tokens"]
+
+
+def table(summary: dict[str, Any]) -> str:
+    """Start vs each arm's last evaluated point (per seed and seed means), then the targets' verdicts."""
+    return "\n".join([_markdown(_last_headers(summary), _last_rows(summary)), ""] + [f"- {v}" for v in verdicts(summary)])
+
+
+def curve_table(summary: dict[str, Any]) -> str:
+    """Every evaluated point of every arm (the learning curve as a markdown table)."""
+    return _markdown(CURVE_HEADERS, _curve_rows(summary))
+
+
+def write_lift_report(workdir: str, summary: dict[str, Any], png: str) -> str:
+    """`<workdir>/report.html`: the table, the verdicts, the plot and the whole curve."""
+    import html
+
+    from mpa_jax.report import html_table, png_img, write_page
+
+    parts = [f"<p>Greedy success, harness off, on the same {summary['tasks']} dev tasks ({summary['seen']} of templates seen in training,"
+             f" {summary['held_out']} of held-out templates), every {summary['eval_every']} RL steps.</p>",
+             "<h2>Last point of each arm</h2>", html_table(_last_headers(summary), _last_rows(summary)),
+             "<ul>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts(summary)) + "</ul>",
+             "<h2>Learning curve</h2>", png_img(png, "rl-lift learning curve"), html_table(CURVE_HEADERS, _curve_rows(summary))]
+    return write_page(os.path.join(workdir, "report.html"), "MPA-JAX RL lift", parts)
 
 
 def plot(summary: dict[str, Any], path: str) -> str:
-    """Success (left) and mean output tokens (right) of the greedy evaluations against RL steps; start dashed."""
+    """Greedy success on all tasks, on seen (solid) / held-out (dashed) templates, and mean output tokens, against
+    RL steps (bottom axis) and training episodes (top axis); the start dashed grey."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     colors = {"care": "tab:blue", "vanilla": "tab:orange"}
-    for ax, key, label in ((axes[0], "success", "greedy dev success (144 tasks)"), (axes[1], "output_tokens", "mean output tokens / episode")):
-        ax.axhline(summary["start"][key], color="gray", linestyle="--", label="start")
-        for algo, by in summary["arms"].items():
-            for seed, c in by.items():
-                if c:
-                    ax.plot([0] + [p["step"] for p in c], [summary["start"][key]] + [p[key] for p in c], color=colors.get(algo), alpha=0.7,
-                            marker="o", label=f"{algo} s{seed}")
+    start = summary["start"]
+    panels = ((axes[0], (("success", "-"),), f"greedy dev success ({summary['tasks']} tasks)"),
+              (axes[1], (("success_seen", "-"), ("success_held_out", "--")), "seen (solid) / held-out (dashed) templates"),
+              (axes[2], (("output_tokens", "-"),), "mean output tokens / episode"))
+    per_step = 0.0
+    for ax, keys, label in panels:
+        for key, style in keys:
+            ax.axhline(start[key], color="gray", linestyle=":", linewidth=1)
+            for algo, by in summary["arms"].items():
+                for seed, c in by.items():
+                    if c:
+                        per_step = per_step or c[-1]["episodes"] / max(c[-1]["step"], 1)
+                        ax.plot([0] + [p["step"] for p in c], [start[key]] + [p[key] for p in c], color=colors.get(algo), alpha=0.7,
+                                linestyle=style, marker="o", label=f"{algo} s{seed}" if style == "-" else None)
         ax.set_xlabel("RL step")
-        ax.set_ylabel(label)
+        ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend()
+        if per_step:
+            top = ax.secondary_xaxis("top", functions=(lambda x, k=per_step: x * k, lambda e, k=per_step: e / k))
+            top.set_xlabel("training episodes", fontsize=8)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,102 @@
+"""`mpa experiment rl-lift`: an interrupted experiment resumes after its last evaluated point (no segment
+trained or evaluated twice), and its table, verdicts, curve, plot and report.
+
+RL, export and evaluation are replaced by recording fakes here: what is under test is the experiment's own
+bookkeeping. Their own resume runs on real parts elsewhere (RL's exact resume from orbax checkpoints in
+tests/integration/test_rl_trainer.py; evaluation runs read back from their files in `Evaluator.run`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import types
+
+import pytest
+
+from mpa_jax.config import load_config_file
+from mpa_jax.rl import lift
+
+
+def _report(success: float, tokens: float) -> dict:
+    return {"harness": {"off": {"overall": {"success": success, "mean_output_tokens": tokens, "mean_tool_calls": 2.0},
+                                "by_templates": {"seen": {"success": success + 0.05}, "held_out": {"success": success - 0.1}}}}}
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    import mpa_jax.eval as ev
+    import mpa_jax.export as ex
+    import mpa_jax.rl.trainer as tr
+
+    calls = {"rl": [], "eval": [], "interrupt_at": None}
+
+    def run_rl(cfg, run_dir, init, max_steps, progress):
+        calls["rl"].append((os.path.basename(run_dir), max_steps))
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w", encoding="utf-8") as f:
+            for s in range(1, max_steps + 1):
+                f.write(json.dumps({"step": s, "rl/rollouts": 64.0}) + "\n")
+        return types.SimpleNamespace(checkpoint_dir=os.path.join(run_dir, "checkpoints"), metrics_path=os.path.join(run_dir, "metrics.jsonl"))
+
+    class Evaluator:
+        def __init__(self, config, tasks, progress=True):
+            self.tasks = tasks
+
+        def evaluate(self, source, *, out_dir, label, workdir):
+            if label == calls["interrupt_at"]:
+                raise KeyboardInterrupt(label)
+            calls["eval"].append(label)
+            step = 0 if label == "start" else int(label.rsplit("@", 1)[1])
+            care = label.startswith("care")
+            return _report(0.5 + 0.01 * step, (100.0 - (2.0 if care else 0.5) * step))
+
+    monkeypatch.setattr(tr, "run_rl", run_rl)
+    monkeypatch.setattr(ex, "export_checkpoint", lambda ckpt, out, dtype, tokenizer_dir: out)
+    monkeypatch.setattr(ev, "Evaluator", Evaluator)
+    monkeypatch.setattr(ev, "select_tasks", lambda *a, **k: ["t"] * 6)
+    return calls
+
+
+def _config(steps: int):
+    c = load_config_file("configs/rl_lift.py")
+    c.rl.steps = steps
+    return c
+
+
+def test_an_interrupted_experiment_resumes_after_its_last_evaluated_point(tmp_path, fakes):
+    w = str(tmp_path / "lift")
+    fakes["interrupt_at"] = "care-s0@4"
+    with pytest.raises(KeyboardInterrupt):
+        lift.rl_lift(_config(6), w, init="starter", seeds=1, algos=("care", "vanilla"), eval_every=2, progress=False)
+    assert fakes["rl"] == [("care-s0", 2), ("care-s0", 4)] and fakes["eval"] == ["start", "care-s0@2"]
+    fakes["rl"].clear(), fakes["eval"].clear()
+    fakes["interrupt_at"] = None
+    s = lift.rl_lift(_config(6), w, init="starter", seeds=1, algos=("care", "vanilla"), eval_every=2, progress=False)
+    # step 2 is never trained or evaluated again; RL goes on from where its checkpoints are (run_rl resumes)
+    assert fakes["rl"] == [("care-s0", 4), ("care-s0", 6), ("vanilla-s0", 2), ("vanilla-s0", 4), ("vanilla-s0", 6)]
+    assert fakes["eval"] == ["start", "care-s0@4", "care-s0@6", "vanilla-s0@2", "vanilla-s0@4", "vanilla-s0@6"]
+    curve = [json.loads(x) for x in open(os.path.join(w, "care-s0", "curve.jsonl"))]
+    assert [p["step"] for p in curve] == [2, 4, 6] and [p["episodes"] for p in curve] == [128.0, 256.0, 384.0]
+    assert [p["step"] for p in s["arms"]["care"]["0"]] == [2, 4, 6]
+    # a third run finds everything done: it only summarises
+    fakes["rl"].clear(), fakes["eval"].clear()
+    lift.rl_lift(_config(6), w, init="starter", seeds=1, algos=("care", "vanilla"), eval_every=2, progress=False)
+    assert fakes["rl"] == [] and fakes["eval"] == ["start"]
+    for name in ("summary.json", "table.md", "rl_lift.png", "report.html"):
+        assert os.path.getsize(os.path.join(w, name)) > 0, name
+
+
+def test_table_verdicts_curve_and_report(tmp_path, fakes):
+    s = lift.rl_lift(_config(4), str(tmp_path / "l"), init="starter", seeds=2, algos=("care", "vanilla"), eval_every=2, progress=False)
+    t = lift.table(s)
+    assert "| start | 0 | 50.0% | 55.0% | 40.0% | 100.0 |" in t
+    assert "| care, seed 1 | 4 | 54.0% | 59.0% | 44.0% | 92.0 |" in t and "| **vanilla, mean of 2 seeds** | 4 | 54.0%" in t
+    v = lift.verdicts(s)
+    assert v[0].startswith("care at step 4 (2 seeds): +4.0 points over the start (held-out templates +4.0); target +8: not met")
+    # CARE 92 vs vanilla 98 tokens at equal success: -6.1%, not the -25% of the target
+    assert v[2] == "CARE vs vanilla: success +0.0 points, output tokens -6.1%; target (>= -2 points, <= -25%): not met"
+    assert len(lift.curve_table(s).splitlines()) == 2 + 1 + 4 * 2  # header, rule, start, 4 arms x 2 points
+    with open(s["png"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    page = open(s["report"], encoding="utf-8").read()
+    assert page.count("<table") == 2 and "data:image/png;base64," in page and "target +8: not met" in page
