@@ -83,7 +83,7 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
                 with open(curve_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(point, sort_keys=True) + "\n")
                 curve.append(point)
-            arms[algo][seed] = sorted(curve, key=lambda p: p["step"])
+            arms[algo][seed] = sorted((p for p in curve if p["step"] <= steps), key=lambda p: p["step"])  # the budget asked for
     summary = {"start": start, "tasks": len(tasks), "seen": n_seen, "held_out": n_held_out, "steps": steps, "eval_every": eval_every,
                "arms": {a: {str(s): c for s, c in by.items()} for a, by in arms.items()}}
     with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:

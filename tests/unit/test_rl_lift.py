@@ -84,6 +84,9 @@ def test_an_interrupted_experiment_resumes_after_its_last_evaluated_point(tmp_pa
     assert fakes["rl"] == [] and fakes["eval"] == ["start"]
     for name in ("summary.json", "table.md", "rl_lift.png", "report.html"):
         assert os.path.getsize(os.path.join(w, name)) > 0, name
+    # summarised at a smaller budget: only the points up to it, nothing run
+    s = lift.rl_lift(_config(4), w, init="starter", seeds=1, algos=("care", "vanilla"), eval_every=2, progress=False)
+    assert [p["step"] for p in s["arms"]["vanilla"]["0"]] == [2, 4] and fakes["rl"] == []
 
 
 def test_table_verdicts_curve_and_report(tmp_path, fakes):
