@@ -8,7 +8,8 @@ Runs are grouped by task. With n scored runs of a task of which c succeed:
 - partial score = mean over tasks of the mean Verification score;
 - pass@1 = mean of c / n; pass^k = mean of C(c, k) / C(n, k) (all k of k runs succeed: reliability,
   tau-bench's estimator, exact when n = k);
-- mean output/input tokens, tool calls and device seconds per run;
+- mean output/input tokens, tool calls and device seconds per run; mean output tokens of the successful
+  runs and of the failed ones apart (where a length cut at kept accuracy can come from);
 - cost per 1,000 tasks from a price table counting input tokens, output tokens, tool calls and
   device seconds separately, plus the output-tokens-only figure the seed work reported.
 Infra failures are counted and excluded (never scored as the policy's failure).
@@ -72,7 +73,7 @@ def _block(runs_by_task: Mapping[str, list[Any]], k: int, prices: PriceTable) ->
     n_tasks = len(tasks)
     if not n_tasks:
         return {"tasks": 0, "runs": 0, "success": 0.0, "partial_score": 0.0, "pass@1": 0.0, f"pass^{k}": 0.0,
-                "mean_output_tokens": 0.0, "mean_input_tokens": 0.0, "mean_tool_calls": 0.0, "mean_device_s": 0.0,
+                "mean_output_tokens": 0.0, "mean_output_tokens_success": 0.0, "mean_output_tokens_failure": 0.0, "mean_input_tokens": 0.0, "mean_tool_calls": 0.0, "mean_device_s": 0.0,
                 "cost_per_1k_tasks": {"input_tokens": 0.0, "output_tokens": 0.0, "tool_calls": 0.0, "device_seconds": 0.0, "total": 0.0},
                 "cost_per_1k_tasks_output_only": 0.0}
     succ, score, p1, pk = 0.0, 0.0, 0.0, 0.0
@@ -87,10 +88,16 @@ def _block(runs_by_task: Mapping[str, list[Any]], k: int, prices: PriceTable) ->
     per_run = [_cost(t.costs, prices) for t in runs]
     cost = {key: 1000.0 * sum(p[key] for p in per_run) / len(runs) for key in per_run[0]}
     m = len(runs)
+    ok = [t for t in runs if t.verification.success]
+    bad = [t for t in runs if not t.verification.success]
+
+    def mean_out(rs: list[Any]) -> float:
+        return sum(t.costs.get("output_tokens", 0.0) for t in rs) / len(rs) if rs else 0.0
+
     return {
         "tasks": n_tasks, "runs": m,
         "success": succ / n_tasks, "partial_score": score / n_tasks, "pass@1": p1 / n_tasks, f"pass^{k}": pk / n_tasks,
-        "mean_output_tokens": sum(t.costs.get("output_tokens", 0.0) for t in runs) / m,
+        "mean_output_tokens": mean_out(runs), "mean_output_tokens_success": mean_out(ok), "mean_output_tokens_failure": mean_out(bad),
         "mean_input_tokens": sum(t.costs.get("input_tokens", 0.0) for t in runs) / m,
         "mean_tool_calls": sum(t.costs.get("tool_calls", 0.0) for t in runs) / m,
         "mean_device_s": sum(t.costs.get("device_s", 0.0) for t in runs) / m,

@@ -6,7 +6,7 @@ From one start (the shipped starter), each (algo, seed) arm runs `run_rl` with c
 (`configs/rl_lift.py`) in segments of `--eval-every` steps; after each segment its checkpoint is exported and
 evaluated greedily, harness off, on the same dev tasks (`--seen` of templates seen in training + `--held-out`
 of held-out templates; 96 + 48 by default), and a row goes to `<arm>/curve.jsonl`: step, training episodes
-so far, success overall / seen / held-out, mean output tokens and tool calls. Everything resumes: RL from
+so far, success overall / seen / held-out, mean output tokens (of all, of successful and of failed episodes) and tool calls. Everything resumes: RL from
 its last checkpoint (exact), evaluations from their eval.json. The start is evaluated once. At the end:
 `summary.json`, `table.md` (start vs each arm's last point, seed means, the targets' verdicts; then every
 point of every arm), `rl_lift.png` (success overall, seen / held-out, and output tokens against steps and
@@ -43,7 +43,21 @@ def _point(report: dict[str, Any], step: int, episodes: float) -> dict[str, Any]
     o, groups = m["overall"], m["by_templates"]
     return {"step": step, "episodes": episodes, "success": o["success"],
             "success_seen": groups.get("seen", {}).get("success"), "success_held_out": groups.get("held_out", {}).get("success"),
-            "output_tokens": o["mean_output_tokens"], "tool_calls": o["mean_tool_calls"]}
+            "output_tokens": o["mean_output_tokens"], "tool_calls": o["mean_tool_calls"],
+            "output_tokens_success": o.get("mean_output_tokens_success"), "output_tokens_failure": o.get("mean_output_tokens_failure")}
+
+
+def _with_token_split(point: dict[str, Any], eval_dir: str) -> dict[str, Any]:
+    """A point written before the curve kept successes' and failures' output tokens apart gets them from its
+    evaluation's trajectories (read, not re-run)."""
+    path = os.path.join(eval_dir, "off", "run0.jsonl")
+    if point.get("output_tokens_success") is not None or not os.path.exists(path):
+        return point
+    from mpa_jax.envs import Trajectory, read_jsonl
+    from mpa_jax.eval.metrics import eval_metrics
+
+    o = eval_metrics(read_jsonl(path, Trajectory))["overall"]
+    return {**point, "output_tokens_success": o["mean_output_tokens_success"], "output_tokens_failure": o["mean_output_tokens_failure"]}
 
 
 def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequence[str] = ("care",), eval_every: int = 25,
@@ -69,7 +83,7 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
             cfg = _arm_config(config, algo, seed)
             run_dir = os.path.join(workdir, f"{algo}-s{seed}")
             curve_path = os.path.join(run_dir, "curve.jsonl")
-            curve = _read_curve(curve_path)
+            curve = [_with_token_split(p, os.path.join(run_dir, "eval", f"step_{p['step']}")) for p in _read_curve(curve_path)]
             done = {int(p["step"]) for p in curve}
             for stop in range(eval_every, steps + 1, eval_every):
                 if stop in done:
@@ -120,7 +134,12 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
         d = 100 * (_mean([p["success"] for p in care]) - _mean([p["success"] for p in van]))
         cut = 1 - _mean([p["output_tokens"] for p in care]) / _mean([p["output_tokens"] for p in van])
         ok = d >= -2 and cut >= 0.25
-        out.append(f"CARE vs vanilla: success {d:+.1f} points, output tokens {-100 * cut:+.1f}%; target (>= -2 points, <= -25%): "
+        ok_tokens = [p.get("output_tokens_success") for p in care + van]
+        split = ""
+        if all(x is not None for x in ok_tokens):
+            cut_ok = 1 - _mean(ok_tokens[:len(care)]) / _mean(ok_tokens[len(care):])
+            split = f" (successful episodes {-100 * cut_ok:+.1f}%)"
+        out.append(f"CARE vs vanilla: success {d:+.1f} points, output tokens {-100 * cut:+.1f}%{split}; target (>= -2 points, <= -25%): "
                    f"{'met' if ok else 'not met'}")
     return out
 
@@ -129,8 +148,13 @@ def _pct(x: float | None) -> str:
     return f"{100 * x:.1f}%" if x is not None else "-"
 
 
+def _tok(x: float | None) -> str:
+    return f"{x:.1f}" if x is not None and np.isfinite(x) else "-"
+
+
 def _row(name: str, p: dict[str, Any], *extra: Any) -> list[Any]:
-    return [name, p["step"], *extra, _pct(p["success"]), _pct(p["success_seen"]), _pct(p["success_held_out"]), f"{p['output_tokens']:.1f}"]
+    return [name, p["step"], *extra, _pct(p["success"]), _pct(p["success_seen"]), _pct(p["success_held_out"]), _tok(p["output_tokens"]),
+            _tok(p.get("output_tokens_success")), _tok(p.get("output_tokens_failure"))]
 
 
 def _last_rows(summary: dict[str, Any]) -> list[list[Any]]:
@@ -140,7 +164,8 @@ def _last_rows(summary: dict[str, Any]) -> list[list[Any]]:
         rows += [_row(f"{algo}, seed {seed}", c[-1]) for seed, c in by.items() if c]
         lasts = _last_points(summary, algo)
         if len(lasts) > 1:
-            mean = {k: _mean([p[k] for p in lasts]) for k in ("success", "success_seen", "success_held_out", "output_tokens")}
+            mean = {k: _mean([p.get(k) for p in lasts])
+                    for k in ("success", "success_seen", "success_held_out", "output_tokens", "output_tokens_success", "output_tokens_failure")}
             rows.append(_row(f"**{algo}, mean of {len(lasts)} seeds**", {"step": lasts[0]["step"], **mean}))
     return rows
 
@@ -158,10 +183,11 @@ def _markdown(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def _last_headers(summary: dict[str, Any]) -> list[str]:
-    return ["policy", "step", f"all ({summary['tasks']})", f"seen ({summary['seen']})", f"held-out ({summary['held_out']})", "output tokens"]
+    return ["policy", "step", f"all ({summary['tasks']})", f"seen ({summary['seen']})", f"held-out ({summary['held_out']})", *TOKEN_HEADERS]
 
 
-CURVE_HEADERS = ["arm", "step", "episodes", "all", "seen", "held-out", "output tokens"]
+TOKEN_HEADERS = ["output tokens", "tokens (successes)", "tokens (failures)"]
+CURVE_HEADERS = ["arm", "step", "episodes", "all", "seen", "held-out", *TOKEN_HEADERS]
 
 
 def table(summary: dict[str, Any]) -> str:
@@ -201,10 +227,12 @@ def plot(summary: dict[str, Any], path: str) -> str:
     start = summary["start"]
     panels = ((axes[0], (("success", "-"),), f"greedy dev success ({summary['tasks']} tasks)"),
               (axes[1], (("success_seen", "-"), ("success_held_out", "--")), "seen (solid) / held-out (dashed) templates"),
-              (axes[2], (("output_tokens", "-"),), "mean output tokens / episode"))
+              (axes[2], (("output_tokens", "-"), ("output_tokens_success", "--")), "mean output tokens / episode (dashed: successes)"))
     per_step = 0.0
     for ax, keys, label in panels:
         for key, style in keys:
+            if start.get(key) is None or any(p.get(key) is None for by in summary["arms"].values() for c in by.values() for p in c):
+                continue  # points of a build without this figure
             ax.axhline(start[key], color="gray", linestyle=":", linewidth=1)
             for algo, by in summary["arms"].items():
                 for seed, c in by.items():

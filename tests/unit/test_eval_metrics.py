@@ -40,6 +40,7 @@ def test_metrics_over_k_runs_by_category_and_domain():
     assert m["by_category"]["Memory"]["success"] == 0.0 and m["by_category"]["Tool Use"]["pass^2"] == pytest.approx(0.5)
     assert m["by_domain"]["media"]["tasks"] == 1 and m["by_domain"]["media"]["success"] == pytest.approx(0.5)
     assert o["mean_output_tokens"] == pytest.approx((4 * 10 + 2 * 30) / 6)
+    assert o["mean_output_tokens_success"] == 10 and o["mean_output_tokens_failure"] == pytest.approx((10 + 2 * 30) / 3)
     assert o["mean_tool_calls"] == pytest.approx((4 + 6) / 6)
     c = o["cost_per_1k_tasks"]
     # per run: input 100 tok at 1/M, output at 10/M, calls at 0.001, 0.5 device s at 0.01 -> x1000 per 1k tasks

@@ -18,7 +18,8 @@ from mpa_jax.rl import lift
 
 
 def _report(success: float, tokens: float) -> dict:
-    return {"harness": {"off": {"overall": {"success": success, "mean_output_tokens": tokens, "mean_tool_calls": 2.0},
+    return {"harness": {"off": {"overall": {"success": success, "mean_output_tokens": tokens, "mean_tool_calls": 2.0,
+                                            "mean_output_tokens_success": tokens - 10, "mean_output_tokens_failure": tokens + 10},
                                 "by_templates": {"seen": {"success": success + 0.05}, "held_out": {"success": success - 0.1}}}}}
 
 
@@ -92,14 +93,33 @@ def test_an_interrupted_experiment_resumes_after_its_last_evaluated_point(tmp_pa
 def test_table_verdicts_curve_and_report(tmp_path, fakes):
     s = lift.rl_lift(_config(4), str(tmp_path / "l"), init="starter", seeds=2, algos=("care", "vanilla"), eval_every=2, progress=False)
     t = lift.table(s)
-    assert "| start | 0 | 50.0% | 55.0% | 40.0% | 100.0 |" in t
-    assert "| care, seed 1 | 4 | 54.0% | 59.0% | 44.0% | 92.0 |" in t and "| **vanilla, mean of 2 seeds** | 4 | 54.0%" in t
+    assert "| start | 0 | 50.0% | 55.0% | 40.0% | 100.0 | 90.0 | 110.0 |" in t
+    assert "| care, seed 1 | 4 | 54.0% | 59.0% | 44.0% | 92.0 | 82.0 | 102.0 |" in t and "| **vanilla, mean of 2 seeds** | 4 | 54.0%" in t
     v = lift.verdicts(s)
     assert v[0].startswith("care at step 4 (2 seeds): +4.0 points over the start (held-out templates +4.0); target +8: not met")
-    # CARE 92 vs vanilla 98 tokens at equal success: -6.1%, not the -25% of the target
-    assert v[2] == "CARE vs vanilla: success +0.0 points, output tokens -6.1%; target (>= -2 points, <= -25%): not met"
+    # CARE 92 vs vanilla 98 tokens at equal success: -6.1% (successes 82 vs 88: -6.8%), not the -25% of the target
+    assert v[2] == ("CARE vs vanilla: success +0.0 points, output tokens -6.1% (successful episodes -6.8%); "
+                    "target (>= -2 points, <= -25%): not met")
     assert len(lift.curve_table(s).splitlines()) == 2 + 1 + 4 * 2  # header, rule, start, 4 arms x 2 points
     with open(s["png"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     page = open(s["report"], encoding="utf-8").read()
     assert page.count("<table") == 2 and "data:image/png;base64," in page and "target +8: not met" in page
+
+
+def test_points_of_an_earlier_build_get_the_token_split_from_their_trajectories(tmp_path, fakes):
+    """A curve point written without successes' / failures' tokens is completed from its eval trajectories."""
+    from mpa_jax.envs import Trajectory, Verification, write_jsonl
+
+    w = tmp_path / "lift"
+    (w / "care-s0").mkdir(parents=True)
+    (w / "care-s0" / "curve.jsonl").write_text(json.dumps({"step": 2, "episodes": 128.0, "success": 0.5, "success_seen": 0.5,
+                                                           "success_held_out": 0.5, "output_tokens": 20.0, "tool_calls": 2.0}) + "\n")
+    trajs = [Trajectory(task_id=t, tokens=[], loss_mask=[], logprobs=[], steps=[], verification=Verification(success=ok, score=float(ok)),
+                        costs={"output_tokens": out}, provenance={}) for t, ok, out in (("a", True, 10), ("b", False, 30))]
+    (w / "care-s0" / "eval" / "step_2" / "off").mkdir(parents=True)
+    write_jsonl(str(w / "care-s0" / "eval" / "step_2" / "off" / "run0.jsonl"), trajs)
+    s = lift.rl_lift(_config(2), str(w), init="starter", seeds=1, algos=("care",), eval_every=2, progress=False)
+    p = s["arms"]["care"]["0"][0]
+    assert fakes["rl"] == [] and (p["output_tokens_success"], p["output_tokens_failure"]) == (10.0, 30.0)
+    assert "| care, seed 0 | 2 | 50.0% | 50.0% | 50.0% | 20.0 | 10.0 | 30.0 |" in lift.table(s)
