@@ -215,17 +215,18 @@ def test_sft_loss_includes_the_router_load_balancing_loss(hf, ours):
 
     b = {k: jnp.asarray(v) for k, v in _sft_batch().items()}
     cfg = ours.cfg
-    s_aux, n = make_sft_loss(cfg, 64)(ours.params, b)
-    s0, n0 = make_sft_loss(cfg.replace(router_aux_loss_coef=0.0), 64)(ours.params, b)
+    # jitted: op-by-op dispatch of this MoE costs more than compiling it (make test time)
+    s_aux, n = jax.jit(make_sft_loss(cfg, 64))(ours.params, b)
+    s0, n0 = jax.jit(make_sft_loss(cfg.replace(router_aux_loss_coef=0.0), 64))(ours.params, b)
     assert float(n) == float(n0) == float(b["loss_weights"].sum())
     real = (b["segment_ids"] > 0).astype(jnp.int32)
-    _, router = qwen3_5_moe.forward_with_aux(cfg, ours.params, b["input_ids"], b["positions"], b["segment_ids"], real)
+    _, router = jax.jit(lambda p, *x: qwen3_5_moe.forward_with_aux(cfg, p, *x))(ours.params, b["input_ids"], b["positions"], b["segment_ids"], real)
     ref = float(load_balancing_loss_func(tuple(torch.tensor(np.asarray(r)) for r in router), E, K, torch.tensor(np.asarray(real))))
     assert ref > 0.5
     np.testing.assert_allclose(float(s_aux / n) - float(s0 / n0), cfg.router_aux_loss_coef * ref, rtol=2e-3)  # a difference of two ~5.0 losses
     # And it trains the router: its gradient changes with the coefficient.
-    g = jax.grad(lambda p: make_sft_loss(cfg.replace(router_aux_loss_coef=1.0), 64)(p, b)[0])(ours.params)
-    g0 = jax.grad(lambda p: make_sft_loss(cfg.replace(router_aux_loss_coef=0.0), 64)(p, b)[0])(ours.params)
+    g = jax.jit(jax.grad(lambda p: make_sft_loss(cfg.replace(router_aux_loss_coef=1.0), 64)(p, b)[0]))(ours.params)
+    g0 = jax.jit(jax.grad(lambda p: make_sft_loss(cfg.replace(router_aux_loss_coef=0.0), 64)(p, b)[0]))(ours.params)
     gate = lambda t: np.asarray(t["model"]["layers"]["0"]["mlp"]["gate"]["weight"])  # noqa: E731
     assert np.abs(gate(g) - gate(g0)).max() > 1e-3
 
