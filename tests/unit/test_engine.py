@@ -300,11 +300,11 @@ def test_weight_update_between_chunks_labels_every_result(ckpt):
     sp = SamplingParams(max_new_tokens=120, temperature=0.0)
     before = engine.generate([prompt], sp)[0]
     assert before.weight_version == "a" and before.weight_versions == ("a",)
+    new = jax.tree.map(lambda x: x * 1.5, engine.params)
     seen = threading.Event()
     fut = engine.submit(prompt, sp, 0, on_update=lambda u: seen.set())
     assert seen.wait(120)
-    new = jax.tree.map(lambda x: x * 1.5, engine.params)
-    engine.update_weights(new, "b")
+    engine.update_weights(new, "b")  # `new` built before submitting: on a loaded host that took the whole generation
     res = fut.result(120)
     assert res.weight_version == "a" and res.weight_versions == ("a", "b")
     n = next(i for i, (x, y) in enumerate(zip(res.token_ids, before.token_ids)) if x != y)  # the new weights took over
