@@ -134,11 +134,10 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
         d = 100 * (_mean([p["success"] for p in care]) - _mean([p["success"] for p in van]))
         cut = 1 - _mean([p["output_tokens"] for p in care]) / _mean([p["output_tokens"] for p in van])
         ok = d >= -2 and cut >= 0.25
-        ok_tokens = [p.get("output_tokens_success") for p in care + van]
+        care_ok, van_ok = ([p.get("output_tokens_success") for p in ps] for ps in (care, van))
         split = ""
-        if all(x is not None for x in ok_tokens):
-            cut_ok = 1 - _mean(ok_tokens[:len(care)]) / _mean(ok_tokens[len(care):])
-            split = f" (successful episodes {-100 * cut_ok:+.1f}%)"
+        if None not in care_ok + van_ok:
+            split = f" (successful episodes {-100 * (1 - _mean(care_ok) / _mean(van_ok)):+.1f}%)"
         out.append(f"CARE vs vanilla: success {d:+.1f} points, output tokens {-100 * cut:+.1f}%{split}; target (>= -2 points, <= -25%): "
                    f"{'met' if ok else 'not met'}")
     return out
