@@ -263,8 +263,9 @@ ARGS: dict[str, list[str]] = {
 }
 NEEDS_ACCELERATOR = {"models_accel"}
 # sglang_cpu needs SGLang in its own venv (docs/scaling.md); fuzz_episodes is a robustness check (it asserts, its
-# figures are counts, not speeds; tests/unit/test_fuzz_episodes.py runs it small): both are run by hand
-SKIP = {"run_all", "sglang_cpu", "fuzz_episodes"}
+# figures are counts, not speeds; tests/unit/test_fuzz_episodes.py runs it small); rl_pool_transfer reads an RL-lift
+# experiment's outputs (docs/experiments.md): all are run by hand
+SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer"}
 
 
 def benches() -> list[str]:

@@ -18,6 +18,12 @@ rollout the run has drawn, plus any prior (`rl.select_prior`: trajectories such 
 Groups whose rollouts all succeed or all fail carry no signal: they are never trained on; more are drawn
 until the step has `rl.tasks_per_step` groups with reward variance or `rl.select_tries` x that many groups
 were drawn. Per step: groups drawn / kept, the zero-variance share, per-template competence.
+
+A focus pool (`rl.select_pool = P > 0`) narrows the draw to P templates at a time so each is drawn tens of
+times (the regime where the learner demonstrably learns, issue 28) instead of once or twice across hundreds:
+members are chosen by the same weights, and one leaves the pool when its last `rl.select_pool_patience` groups
+were unanimous in success (mastered, or out of reach) or after `rl.select_pool_groups` groups; the next
+member is drawn from the templates that have not been in the pool in this pass.
 """
 from __future__ import annotations
 
@@ -100,22 +106,56 @@ class Selector:
             raise RLSetupError(f"config.rl.templates: {sorted(set(names) - known)} are not train templates (held-out or unknown)")
         self.counts: dict[str, list[int]] = {t.name: [0, 0] for t in self.templates}
         self.drawn = 0  # fresh instances built so far: the next seed
+        for key, low in (("select_pool", 0), ("select_pool_patience", 1), ("select_pool_groups", 1)):
+            if int(rl[key]) < low:
+                raise RLSetupError(f"config.rl.{key} must be >= {low}, got {rl[key]}")
+        self.pool_size, self.patience, self.pool_groups = int(rl.select_pool), int(rl.select_pool_patience), int(rl.select_pool_groups)
+        self.pool: dict[str, list[int]] = {}  # member -> [unanimous groups in a row, groups since it joined]
+        self.retired: list[str] = []  # members that left the pool in this pass over the templates
 
     @property
     def state(self) -> dict[str, Any]:
-        return {"counts": self.counts, "drawn": self.drawn}
+        return {"counts": self.counts, "drawn": self.drawn, "pool": self.pool, "retired": self.retired}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.counts = {k: [int(a), int(b)] for k, (a, b) in state["counts"].items()}
         self.drawn = int(state["drawn"])
+        self.pool = {k: [int(a), int(b)] for k, (a, b) in state.get("pool", {}).items()}
+        self.retired = list(state.get("retired", []))
 
     def observe(self, trajs: Sequence[Any]) -> None:
-        """Count verified episodes (infra ones are not the policy's) per template."""
+        """Count verified episodes (infra ones are not the policy's) per template; with a focus pool, retire the
+        members whose groups stopped carrying signal (module docstring)."""
+        groups: dict[str, tuple[str, list[bool]]] = {}  # a group is one fresh instance: one task id
         for t in trajs:
             name = str(t.provenance.get("template", ""))
             if name in self.counts and not t.infra_failure and t.verification is not None:
                 self.counts[name][0] += int(bool(t.verification.success))
                 self.counts[name][1] += 1
+                if name in self.pool:
+                    groups.setdefault(t.task_id, (name, []))[1].append(bool(t.verification.success))
+        for name, outcomes in groups.values():
+            member = self.pool.get(name)
+            if member is None:  # retired by an earlier group of this batch
+                continue
+            member[0] = member[0] + 1 if len(set(outcomes)) == 1 else 0
+            member[1] += 1
+            if member[0] >= self.patience or member[1] >= self.pool_groups:
+                del self.pool[name]
+                self.retired.append(name)
+
+    def _fill_pool(self) -> None:
+        """Top the pool up to `rl.select_pool` members, drawn by weight among the templates not yet pooled in
+        this pass (a new pass when every template has been); deterministic in the selector's state."""
+        rng = np.random.default_rng([self.seed, self.drawn, len(self.retired), 37])
+        while len(self.pool) < min(self.pool_size, len(self.templates)):
+            out = set(self.pool) | set(self.retired)
+            idx = [i for i, t in enumerate(self.templates) if t.name not in out]
+            if not idx:
+                self.retired = []
+                continue
+            w = np.asarray(self.weights(), np.float64)[idx]
+            self.pool[self.templates[idx[int(rng.choice(len(idx), p=w / w.sum()))]].name] = [0, 0]
 
     def competence(self) -> dict[str, float]:
         return {k: _competence(s, n) for k, (s, n) in self.counts.items()}
@@ -132,6 +172,9 @@ class Selector:
 
         rng = np.random.default_rng([self.seed, int(step), int(attempt), 29])
         w = np.asarray(self.weights(), np.float64)
+        if self.pool_size:
+            self._fill_pool()
+            w = np.where([t.name in self.pool for t in self.templates], w, 0.0)
         env = SandboxEnv()
         out: list[Any] = []
         try:

@@ -260,7 +260,8 @@ def _last_good(checkpointer: Any, ck_dir: str) -> str:
 
 def _save_competence(workdir: str, step: int, source: TaskSource) -> None:
     """One line per step in `<workdir>/competence.jsonl`: the selection table's templates seen so far (step,
-    template -> [successes, episodes, competence]); rewritten from the step on when a resumed run repeats it."""
+    template -> [successes, episodes, competence]; with a focus pool, its members and the retired templates);
+    rewritten from the step on when a resumed run repeats it."""
     import json
 
     path = os.path.join(workdir, "competence.jsonl")
@@ -269,7 +270,10 @@ def _save_competence(workdir: str, step: int, source: TaskSource) -> None:
         with open(path, encoding="utf-8") as f:
             lines = [ln for ln in f if ln.strip() and json.loads(ln)["step"] < step]
     c = source.competence()
-    row = {"step": step, "templates": {k: [s, n, round(c[k], 4)] for k, (s, n) in source.selector.counts.items() if n}}
+    sel = source.selector
+    row = {"step": step, "templates": {k: [s, n, round(c[k], 4)] for k, (s, n) in sel.counts.items() if n}}
+    if sel.pool_size:  # the focus pool after the step: member -> [unanimous groups in a row, groups], and who left
+        row.update(pool=sel.pool, retired=sel.retired)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.writelines(lines + [json.dumps(row, sort_keys=True) + "\n"])
     os.replace(path + ".tmp", path)

@@ -328,11 +328,13 @@ def test_non_finite_rollouts_are_refused_and_a_diverged_learner_stops_the_run(tm
 
 def test_competence_selection_trains_on_fresh_instances_and_resumes_exactly(tmp_path, tok):
     """`rl.selection = "competence"`: every trained group is a fresh instance (no split's seed) with reward
-    variance; a run stopped after step 1 and resumed ends with the uninterrupted run's weights, table and metrics."""
+    variance; a run stopped after step 1 and resumed ends with the uninterrupted run's weights, table (with its
+    focus pool of one template) and metrics."""
     from mpa_jax.rl.rollouts import FRESH_SEED_BASE
 
     cfg = _config(tok, steps=2)
     cfg.rl.selection, cfg.rl.templates = "competence", "calc.tip_split,weather.forecast"
+    cfg.rl.select_pool, cfg.rl.select_pool_patience = 1, 1
     finals = {}
 
     def keep(name):
@@ -349,6 +351,7 @@ def test_competence_selection_trains_on_fresh_instances_and_resumes_exactly(tmp_
         assert trajs and all("/rl/" in t.task_id and int(t.task_id.rsplit("/", 1)[1]) >= FRESH_SEED_BASE for t in trajs)
     table = [json.loads(x) for x in open(tmp_path / "a" / "competence.jsonl")]
     assert [r["step"] for r in table] == [1, 2] and set(table[-1]["templates"]) <= {"calc.tip_split", "weather.forecast"}
+    assert all(len(r["pool"]) == 1 and set(r["pool"]) | set(r["retired"]) <= {"calc.tip_split", "weather.forecast"} for r in table)
     _reset_pattern()
     run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), max_steps=1, progress=False)
     b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), on_step=keep("b"), progress=False)
