@@ -195,6 +195,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.select_pool = 0
     c.rl.select_pool_patience = 3
     c.rl.select_pool_groups = 48
+    c.rl.select_worlds = 0  # competence: fresh instances in this many persona worlds of no split (0: the train split's six)
     c.rl.select_prior = ""  # competence: trajectories (JSONL or dir) whose outcomes seed the table (the data stage's probe)
     c.rl.simulated_tasks = 64  # training tasks of the simulated env when config.envs.mixture.simulated > 0
     c.rl.infra_retries = 2  # re-run an infra-failed episode this many times, then drop it (never rewarded)

@@ -14,7 +14,7 @@ import os
 import pathlib
 import random
 import tempfile
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from mpa_jax.envs.contract import CATEGORIES, DOMAINS, SPLITS, ContractError, Task, read_jsonl
 from mpa_jax.envs.gate import check_task
@@ -24,6 +24,7 @@ from mpa_jax.envs.tools import TOOLS
 from mpa_jax.envs.world import stable_hash
 
 PERSONAS: dict[str, tuple[int, ...]] = {"train": (0, 1, 2, 3, 4, 5), "dev": (10, 11), "test": (20, 21, 22, 23)}
+FRESH_PERSONA_BASE = 1_000  # persona worlds of no split, from here up (RL's fresh worlds: rl.select_worlds)
 SEED_BASE = {"train": 0, "dev": 1_000_000, "test": 2_000_000}
 DEFAULT_PER_TEMPLATE = {"train": 4, "dev": 1, "test": 4}
 MAX_ATTEMPTS = 6  # candidate draws per wanted task before a template gives up
@@ -38,10 +39,11 @@ def _used_tools(plan: Iterable[dict[str, Any]]) -> list[str]:
     return out
 
 
-def build_task(t: Template, split: str, seed: int) -> Task | None:
-    """Instantiate template `t` for `split` with instance seed `seed` (None when the draw is unusable)."""
+def build_task(t: Template, split: str, seed: int, personas: Sequence[int] | None = None) -> Task | None:
+    """Instantiate template `t` for `split` with instance seed `seed` (None when the draw is unusable), in one of
+    the split's persona worlds or of `personas` (worlds of no split: FRESH_PERSONA_BASE and up)."""
     rng = random.Random(stable_hash(t.name, split, seed))
-    personas = PERSONAS[split]
+    personas = PERSONAS[split] if personas is None else tuple(personas)
     persona_seed = personas[rng.randrange(len(personas))]
     spec = t.fn(Ctx(persona_seed, rng))
     if spec is None:

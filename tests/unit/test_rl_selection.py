@@ -163,3 +163,27 @@ def test_focus_pool_never_holds_a_held_out_template_and_bad_sizes_are_named():
         Selector(_config(select_pool=4, select_pool_patience=0))
     with pytest.raises(RLSetupError, match="config.rl.select_pool "):
         Selector(_config(select_pool=-1))
+
+
+def test_fresh_worlds_are_persona_worlds_of_no_split():
+    """`rl.select_worlds`: the selected instances are set in worlds no split uses (the dev and test worlds stay
+    unseen); without it they are in the train split's worlds, as the benchmark's train tasks are."""
+    from mpa_jax.envs.benchmark import FRESH_PERSONA_BASE, PERSONAS
+
+    split_worlds = {w for ws in PERSONAS.values() for w in ws}
+    assert FRESH_PERSONA_BASE > max(split_worlds)
+    fresh = Selector(_config(select_worlds=32)).draw(0, 0, 40)
+    assert {t.persona_seed for t in fresh} <= set(range(FRESH_PERSONA_BASE, FRESH_PERSONA_BASE + 32))
+    assert len({t.persona_seed for t in fresh}) > 10
+    assert {t.persona_seed for t in Selector(_config()).draw(0, 0, 40)} <= set(PERSONAS["train"])
+    # a fresh world is a complete world: the task runs and its gold plan passes the verifier (the gate)
+    from mpa_jax.envs.gate import check_task
+    from mpa_jax.envs.sandbox import SandboxEnv
+
+    env = SandboxEnv()
+    try:
+        assert all(check_task(t, env) is None for t in fresh)
+    finally:
+        env.close()
+    with pytest.raises(RLSetupError, match="config.rl.select_worlds"):
+        Selector(_config(select_worlds=-2))
