@@ -264,8 +264,8 @@ ARGS: dict[str, list[str]] = {
 NEEDS_ACCELERATOR = {"models_accel"}
 # sglang_cpu needs SGLang in its own venv (docs/scaling.md); fuzz_episodes is a robustness check (it asserts, its
 # figures are counts, not speeds; tests/unit/test_fuzz_episodes.py runs it small); rl_pool_transfer reads an RL-lift
-# experiment's outputs (docs/experiments.md): all are run by hand
-SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer"}
+# experiment's outputs and world_shift is a success figure of a checkpoint (docs/experiments.md): all are run by hand
+SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer", "world_shift"}
 
 
 def benches() -> list[str]:

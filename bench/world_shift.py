@@ -1,0 +1,133 @@
+"""How much of a planner's success is its training worlds? Greedy success on the same templates in the train
+split's persona worlds and in worlds of no split (issue 28).
+
+    python bench/world_shift.py --checkpoint starter --templates 80
+
+Takes `--templates` train templates (a seeded shuffle), builds one fresh gated instance of each (instance seeds of
+no split and of no RL draw) twice: in the train split's six persona worlds and in six worlds no split uses
+(`envs.benchmark.FRESH_PERSONA_BASE` and up), and evaluates the checkpoint greedily, harness off, on both sets.
+The dev and test splits are set in worlds of their own, so the gap between the two figures is what a planner
+that learned its training worlds' people and things loses on them.
+
+    python bench/world_shift.py --checkpoint starter --refresh-steps 150 --refresh-worlds 256
+
+first refreshes the checkpoint by SFT (AdamW `--refresh-lr`, as the loop's refresh) on oracle demonstrations of
+`--refresh-per-template` instances of every train template set in `--refresh-worlds` worlds of no split (other
+worlds than the measured ones), then measures the refreshed checkpoint, and its greedy success on the 144 dev
+tasks of `mpa experiment rl-lift` (96 of seen templates + 48 of held-out ones).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROBE_SEED_BASE = 9_500_000  # instance seeds: above the RL draws (5,000,000 + 100,000 x seed + drawn) and bench/rl_pool_transfer's
+REFRESH_SEED_BASE = 9_700_000  # the refresh's instances
+REFRESH_WORLD_OFFSET = 5_000  # the refresh's worlds: FRESH_PERSONA_BASE + this and up (not the measured ones)
+
+
+def instances(templates: list, worlds: tuple[int, ...]) -> list:
+    """One fresh gated instance of each template in `worlds` (templates without one in 50 draws are left out)."""
+    from mpa_jax.envs.benchmark import build_task
+    from mpa_jax.envs.gate import check_task
+    from mpa_jax.envs.sandbox import SandboxEnv
+
+    env, out = SandboxEnv(), []
+    try:
+        for t in templates:
+            for inst in range(PROBE_SEED_BASE, PROBE_SEED_BASE + 50):
+                task = build_task(t, "train", inst, personas=worlds)
+                if task is not None and check_task(task, env) is None:
+                    out.append(task)
+                    break
+    finally:
+        env.close()
+    return out
+
+
+def refresh(config, checkpoint: str, out: str, *, worlds: int, per_template: int, steps: int, lr: float) -> str:
+    """SFT of `checkpoint` on oracle demonstrations of train templates in `worlds` worlds of no split; the export."""
+    import copy
+
+    from mpa_jax.data import oracle_dataset
+    from mpa_jax.envs.benchmark import FRESH_PERSONA_BASE, build_task, templates_for
+    from mpa_jax.envs.contract import write_jsonl
+    from mpa_jax.envs.gate import check_task
+    from mpa_jax.envs.sandbox import SandboxEnv
+    from mpa_jax.sft import run_sft
+
+    os.makedirs(out, exist_ok=True)
+    base = FRESH_PERSONA_BASE + REFRESH_WORLD_OFFSET
+    tasks_path = os.path.join(out, "tasks.jsonl")
+    env, tasks = SandboxEnv(), []
+    try:
+        for t in templates_for("train"):
+            got, inst = 0, REFRESH_SEED_BASE
+            while got < per_template and inst < REFRESH_SEED_BASE + 40 * per_template:
+                task = build_task(t, "train", inst, personas=range(base, base + worlds))
+                inst += 1
+                if task is not None and check_task(task, env) is None:
+                    tasks.append(task)
+                    got += 1
+    finally:
+        env.close()
+    write_jsonl(tasks_path, tasks)
+    data, _, _ = oracle_dataset(config, out, split=tasks_path, max_tasks=0, progress=False)
+    c = copy.deepcopy(config)
+    c.model.init_from = c.tokenizer.path = checkpoint
+    c.sft.steps, c.sft.lr, c.sft.warmup_steps = steps, lr, min(10, max(1, steps // 10))
+    c.sft.export, c.sft.export_dtype = True, "float32"
+    res = run_sft(c, os.path.join(out, "sft"), data, export=True, progress=False)
+    print(f"refresh: {len(tasks)} tasks in {worlds} worlds, {steps} SFT steps at lr {lr:g}, train loss {res.train_loss:.3f}", flush=True)
+    return res.export_dir
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--checkpoint", default=os.path.join(ROOT, "starter"), help="an HF directory (default: the shipped starter)")
+    ap.add_argument("--templates", type=int, default=80, help="train templates to sample (default 80)")
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "rl_lift.py"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "world_shift"))
+    ap.add_argument("--refresh-steps", type=int, default=0, help="SFT the checkpoint on fresh-world demonstrations first (0: no)")
+    ap.add_argument("--refresh-worlds", type=int, default=256)
+    ap.add_argument("--refresh-per-template", type=int, default=2)
+    ap.add_argument("--refresh-lr", type=float, default=1e-4)
+    a = ap.parse_args()
+    sys.path.insert(0, ROOT)
+    from mpa_jax.config import load_config_file
+    from mpa_jax.envs.benchmark import FRESH_PERSONA_BASE, PERSONAS, templates_for
+    from mpa_jax.eval import Evaluator
+
+    config = load_config_file(a.config)
+    ckpt = a.checkpoint
+    if a.refresh_steps:
+        ckpt = refresh(config, ckpt, os.path.join(a.out, "refresh"), worlds=a.refresh_worlds, per_template=a.refresh_per_template,
+                       steps=a.refresh_steps, lr=a.refresh_lr)
+    temps = list(templates_for("train"))
+    random.Random(0).shuffle(temps)
+    temps = temps[: a.templates]
+    fresh = tuple(range(FRESH_PERSONA_BASE, FRESH_PERSONA_BASE + len(PERSONAS["train"])))
+    figures = {}
+    for label, worlds in (("train worlds", PERSONAS["train"]), ("worlds of no split", fresh)):
+        tasks = instances(temps, worlds)
+        rep = Evaluator(config, tasks, progress=False).evaluate(ckpt, out_dir=os.path.join(a.out, label.replace(" ", "_")), label=label)
+        o = rep["harness"]["off"]["overall"]
+        figures[label] = o["success"]
+        print(f"{label:<20} {len(tasks)} tasks: greedy success {100 * o['success']:.1f}%, output tokens {o['mean_output_tokens']:.1f}", flush=True)
+    gap = 100 * (figures["train worlds"] - figures["worlds of no split"])
+    print(f"gap: {gap:+.1f} points (train worlds - worlds of no split)")
+    if a.refresh_steps:
+        from mpa_jax.eval import select_tasks
+
+        dev = select_tasks("dev", n_seen=96, n_held_out=48, seed=int(config.tasks.seed), per_template=int(config.tasks.per_template))
+        m = Evaluator(config, dev, progress=False).evaluate(ckpt, out_dir=os.path.join(a.out, "dev"), label="dev")["harness"]["off"]
+        g = m["by_templates"]
+        print(f"dev (144 tasks): greedy success {100 * m['overall']['success']:.1f}% (seen {100 * g['seen']['success']:.1f}%, "
+              f"held-out {100 * g['held_out']['success']:.1f}%), output tokens {m['overall']['mean_output_tokens']:.1f}")
+
+
+if __name__ == "__main__":
+    main()
