@@ -75,9 +75,9 @@ def refresh(config, checkpoint: str, out: str, *, worlds: int, per_template: int
     finally:
         env.close()
     write_jsonl(tasks_path, tasks)
-    data, _, _ = oracle_dataset(config, out, split=tasks_path, max_tasks=0, progress=False)
     c = copy.deepcopy(config)
-    c.model.init_from = c.tokenizer.path = checkpoint
+    c.model.init_from = c.tokenizer.path = checkpoint  # the checkpoint's tokenizer, for the demonstrations too
+    data, _, _ = oracle_dataset(c, out, split=tasks_path, max_tasks=0, progress=False)
     c.sft.steps, c.sft.lr, c.sft.warmup_steps = steps, lr, min(10, max(1, steps // 10))
     c.sft.export, c.sft.export_dtype = True, "float32"
     res = run_sft(c, os.path.join(out, "sft"), data, export=True, progress=False)

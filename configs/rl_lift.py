@@ -8,6 +8,9 @@ templates weighted 4c(1-c) by competence, so groups have both successes and fail
 unanimous on ~90% of its own training instances), re-drawing unanimous groups up to 3x; AdamW 5e-5 (3e-4
 and SGD 0.1 collapsed this 4.2M planner in earlier probes, docs/experiments.md); CARE's length term from
 competence 0.3 up. The learner runs on one device (CPU: the forced host devices share two cores).
+Two selection levers measured on top (docs/experiments.md, neither lifted dev success at 40-60 steps):
+`--config.rl.select_pool=16` (a focus pool of templates) and `--config.rl.select_worlds=256` (fresh instances
+set in persona worlds of no split).
 """
 import os
 
