@@ -67,7 +67,7 @@ def refresh(config, checkpoint: str, out: str, *, worlds: int, per_template: int
         for t in templates_for("train"):
             got, inst = 0, REFRESH_SEED_BASE
             while got < per_template and inst < REFRESH_SEED_BASE + 40 * per_template:
-                task = build_task(t, "train", inst, personas=range(base, base + worlds))
+                task = build_task(t, "train", inst, personas=range(base, base + worlds) if worlds else None)
                 inst += 1
                 if task is not None and check_task(task, env) is None:
                     tasks.append(task)
@@ -81,7 +81,7 @@ def refresh(config, checkpoint: str, out: str, *, worlds: int, per_template: int
     c.sft.steps, c.sft.lr, c.sft.warmup_steps = steps, lr, min(10, max(1, steps // 10))
     c.sft.export, c.sft.export_dtype = True, "float32"
     res = run_sft(c, os.path.join(out, "sft"), data, export=True, progress=False)
-    print(f"refresh: {len(tasks)} tasks in {worlds} worlds, {steps} SFT steps at lr {lr:g}, train loss {res.train_loss:.3f}", flush=True)
+    print(f"refresh: {len(tasks)} tasks in {worlds or 'the train split'} worlds, {steps} SFT steps at lr {lr:g}, train loss {res.train_loss:.3f}", flush=True)
     return res.export_dir
 
 
@@ -92,7 +92,7 @@ def main() -> None:
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "rl_lift.py"))
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "world_shift"))
     ap.add_argument("--refresh-steps", type=int, default=0, help="SFT the checkpoint on fresh-world demonstrations first (0: no)")
-    ap.add_argument("--refresh-worlds", type=int, default=256)
+    ap.add_argument("--refresh-worlds", type=int, default=256, help="worlds of no split for the refresh (0: the train split's six)")
     ap.add_argument("--refresh-per-template", type=int, default=2)
     ap.add_argument("--refresh-lr", type=float, default=1e-4)
     a = ap.parse_args()

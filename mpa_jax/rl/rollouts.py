@@ -20,9 +20,9 @@ until the step has `rl.tasks_per_step` groups with reward variance or `rl.select
 were drawn. Per step: groups drawn / kept, the zero-variance share, per-template competence.
 
 Fresh persona worlds (`rl.select_worlds = W > 0`): the instances are set in W persona worlds of no split
-(`envs.benchmark.FRESH_PERSONA_BASE` and up) instead of the train split's six. The starter has learned its six worlds' people
-and things: on fresh instances of train templates it succeeds 77.5% greedily in those worlds and 55.0% in
-unseen ones, its dev figure (docs/experiments.md); the dev and test worlds stay unseen either way.
+(`envs.benchmark.FRESH_PERSONA_BASE` and up) instead of the train split's six. The starter has learned its six
+worlds' people and things: on fresh instances of train templates it succeeds 77.5% greedily in those worlds and
+55.0% in unseen ones, its dev figure (docs/experiments.md); the dev and test worlds stay unseen either way.
 
 A focus pool (`rl.select_pool = P > 0`) narrows the draw to P templates at a time so each is drawn tens of
 times (the regime where the learner demonstrably learns, issue 28) instead of once or twice across hundreds:
