@@ -29,8 +29,9 @@ REFRESH_SEED_BASE = 9_700_000  # the refresh's instances
 REFRESH_WORLD_OFFSET = 5_000  # the refresh's worlds: FRESH_PERSONA_BASE + this and up (not the measured ones)
 
 
-def instances(templates: list, worlds: tuple[int, ...]) -> list:
-    """One fresh gated instance of each template in `worlds` (templates without one in 50 draws are left out)."""
+def instances(templates: list, worlds, *, k: int = 1, seed_base: int = PROBE_SEED_BASE, tries: int = 50) -> list:
+    """Up to `k` fresh gated instances of each template in `worlds` (None: the train split's), from instance seed
+    `seed_base` on, within `tries` x k draws per template."""
     from mpa_jax.envs.benchmark import build_task
     from mpa_jax.envs.gate import check_task
     from mpa_jax.envs.sandbox import SandboxEnv
@@ -38,11 +39,14 @@ def instances(templates: list, worlds: tuple[int, ...]) -> list:
     env, out = SandboxEnv(), []
     try:
         for t in templates:
-            for inst in range(PROBE_SEED_BASE, PROBE_SEED_BASE + 50):
+            got = 0
+            for inst in range(seed_base, seed_base + tries * k):
                 task = build_task(t, "train", inst, personas=worlds)
                 if task is not None and check_task(task, env) is None:
                     out.append(task)
-                    break
+                    got += 1
+                    if got == k:
+                        break
     finally:
         env.close()
     return out
@@ -53,27 +57,15 @@ def refresh(config, checkpoint: str, out: str, *, worlds: int, per_template: int
     import copy
 
     from mpa_jax.data import oracle_dataset
-    from mpa_jax.envs.benchmark import FRESH_PERSONA_BASE, build_task, templates_for
+    from mpa_jax.envs.benchmark import FRESH_PERSONA_BASE, templates_for
     from mpa_jax.envs.contract import write_jsonl
-    from mpa_jax.envs.gate import check_task
-    from mpa_jax.envs.sandbox import SandboxEnv
     from mpa_jax.sft import run_sft
 
     os.makedirs(out, exist_ok=True)
     base = FRESH_PERSONA_BASE + REFRESH_WORLD_OFFSET
     tasks_path = os.path.join(out, "tasks.jsonl")
-    env, tasks = SandboxEnv(), []
-    try:
-        for t in templates_for("train"):
-            got, inst = 0, REFRESH_SEED_BASE
-            while got < per_template and inst < REFRESH_SEED_BASE + 40 * per_template:
-                task = build_task(t, "train", inst, personas=range(base, base + worlds) if worlds else None)
-                inst += 1
-                if task is not None and check_task(task, env) is None:
-                    tasks.append(task)
-                    got += 1
-    finally:
-        env.close()
+    tasks = instances(templates_for("train"), range(base, base + worlds) if worlds else None, k=per_template,
+                      seed_base=REFRESH_SEED_BASE, tries=40)
     write_jsonl(tasks_path, tasks)
     c = copy.deepcopy(config)
     c.model.init_from = c.tokenizer.path = checkpoint  # the checkpoint's tokenizer, for the demonstrations too
