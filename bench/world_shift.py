@@ -11,10 +11,11 @@ that learned its training worlds' people and things loses on them.
 
     python bench/world_shift.py --checkpoint starter --refresh-steps 150 --refresh-worlds 256
 
-first refreshes the checkpoint by SFT (AdamW `--refresh-lr`, as the loop's refresh) on oracle demonstrations of
-`--refresh-per-template` instances of every train template set in `--refresh-worlds` worlds of no split (other
-worlds than the measured ones), then measures the refreshed checkpoint, and its greedy success on the 144 dev
-tasks of `mpa experiment rl-lift` (96 of seen templates + 48 of held-out ones).
+first refreshes the checkpoint by SFT (`mpa_jax.sft.world_refresh`: AdamW `--refresh-lr`, as the loop's refresh)
+on oracle demonstrations of `--refresh-per-template` instances of every train template set in `--refresh-worlds`
+worlds of no split (other worlds than the measured ones), then measures the refreshed checkpoint, and its greedy
+success on the 144 dev tasks of `mpa experiment rl-lift` (96 of seen templates + 48 of held-out ones). The same
+refresh is the first stage of `mpa experiment rl-lift` when `config.lift.refresh_steps` > 0.
 """
 from __future__ import annotations
 
@@ -25,56 +26,6 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE_SEED_BASE = 9_500_000  # instance seeds: above the RL draws (5,000,000 + 100,000 x seed + drawn) and bench/rl_pool_transfer's
-REFRESH_SEED_BASE = 9_700_000  # the refresh's instances
-REFRESH_WORLD_OFFSET = 5_000  # the refresh's worlds: FRESH_PERSONA_BASE + this and up (not the measured ones)
-
-
-def instances(templates: list, worlds, *, k: int = 1, seed_base: int = PROBE_SEED_BASE, tries: int = 50) -> list:
-    """Up to `k` fresh gated instances of each template in `worlds` (None: the train split's), from instance seed
-    `seed_base` on, within `tries` x k draws per template."""
-    from mpa_jax.envs.benchmark import build_task
-    from mpa_jax.envs.gate import check_task
-    from mpa_jax.envs.sandbox import SandboxEnv
-
-    env, out = SandboxEnv(), []
-    try:
-        for t in templates:
-            got = 0
-            for inst in range(seed_base, seed_base + tries * k):
-                task = build_task(t, "train", inst, personas=worlds)
-                if task is not None and check_task(task, env) is None:
-                    out.append(task)
-                    got += 1
-                    if got == k:
-                        break
-    finally:
-        env.close()
-    return out
-
-
-def refresh(config, checkpoint: str, out: str, *, worlds: int, per_template: int, steps: int, lr: float) -> str:
-    """SFT of `checkpoint` on oracle demonstrations of train templates in `worlds` worlds of no split; the export."""
-    import copy
-
-    from mpa_jax.data import oracle_dataset
-    from mpa_jax.envs.benchmark import FRESH_PERSONA_BASE, templates_for
-    from mpa_jax.envs.contract import write_jsonl
-    from mpa_jax.sft import run_sft
-
-    os.makedirs(out, exist_ok=True)
-    base = FRESH_PERSONA_BASE + REFRESH_WORLD_OFFSET
-    tasks_path = os.path.join(out, "tasks.jsonl")
-    tasks = instances(templates_for("train"), range(base, base + worlds) if worlds else None, k=per_template,
-                      seed_base=REFRESH_SEED_BASE, tries=40)
-    write_jsonl(tasks_path, tasks)
-    c = copy.deepcopy(config)
-    c.model.init_from = c.tokenizer.path = checkpoint  # the checkpoint's tokenizer, for the demonstrations too
-    data, _, _ = oracle_dataset(c, out, split=tasks_path, max_tasks=0, progress=False)
-    c.sft.steps, c.sft.lr, c.sft.warmup_steps = steps, lr, min(10, max(1, steps // 10))
-    c.sft.export, c.sft.export_dtype = True, "float32"
-    res = run_sft(c, os.path.join(out, "sft"), data, export=True, progress=False)
-    print(f"refresh: {len(tasks)} tasks in {worlds or 'the train split'} worlds, {steps} SFT steps at lr {lr:g}, train loss {res.train_loss:.3f}", flush=True)
-    return res.export_dir
 
 
 def main() -> None:
@@ -92,19 +43,22 @@ def main() -> None:
     from mpa_jax.config import load_config_file
     from mpa_jax.envs.benchmark import FRESH_PERSONA_BASE, PERSONAS, templates_for
     from mpa_jax.eval import Evaluator
+    from mpa_jax.sft.world_refresh import fresh_instances, world_refresh
 
     config = load_config_file(a.config)
     ckpt = a.checkpoint
     if a.refresh_steps:
-        ckpt = refresh(config, ckpt, os.path.join(a.out, "refresh"), worlds=a.refresh_worlds, per_template=a.refresh_per_template,
-                       steps=a.refresh_steps, lr=a.refresh_lr)
+        ckpt, info = world_refresh(config, ckpt, os.path.join(a.out, "refresh"), worlds=a.refresh_worlds,
+                                   per_template=a.refresh_per_template, steps=a.refresh_steps, lr=a.refresh_lr)
+        print(f"refresh: {info['tasks']} tasks in {info['worlds'] or 'the train split'} worlds, {info['steps']} SFT steps at lr"
+              f" {info['lr']:g}, train loss {info['train_loss']:.3f}", flush=True)
     temps = list(templates_for("train"))
     random.Random(0).shuffle(temps)
     temps = temps[: a.templates]
     fresh = tuple(range(FRESH_PERSONA_BASE, FRESH_PERSONA_BASE + len(PERSONAS["train"])))
     figures = {}
     for label, worlds in (("train worlds", PERSONAS["train"]), ("worlds of no split", fresh)):
-        tasks = instances(temps, worlds)
+        tasks = fresh_instances(temps, worlds, seed_base=PROBE_SEED_BASE)
         rep = Evaluator(config, tasks, progress=False).evaluate(ckpt, out_dir=os.path.join(a.out, label.replace(" ", "_")), label=label)
         o = rep["harness"]["off"]["overall"]
         figures[label] = o["success"]

@@ -75,6 +75,16 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
                          per_template=int(config.tasks.per_template))
     ev = Evaluator(config, tasks, progress=progress)
     start = _point(ev.evaluate(init, out_dir=os.path.join(workdir, "eval", "start"), label="start", workdir=workdir), 0, 0.0)
+    refresh, rl_init = None, init
+    lift = config.get("lift")
+    if lift is not None and int(lift.refresh_steps) > 0:  # every arm starts from one world-general refresh of init
+        from mpa_jax.sft.world_refresh import world_refresh
+
+        rl_init, refresh = world_refresh(config, init, os.path.join(workdir, "refresh"), worlds=int(lift.refresh_worlds),
+                                         per_template=int(lift.refresh_per_template), steps=int(lift.refresh_steps),
+                                         lr=float(lift.refresh_lr), progress=progress)
+        refresh["point"] = _point(ev.evaluate(rl_init, out_dir=os.path.join(workdir, "eval", "refresh"), label="refresh", workdir=workdir),
+                                  0, 0.0)
     steps = int(config.rl.steps)
     arms: dict[str, dict[int, list[dict[str, Any]]]] = {a: {} for a in algos}
     base = int(config.seed)
@@ -88,9 +98,9 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
             for stop in range(eval_every, steps + 1, eval_every):
                 if stop in done:
                     continue
-                res = run_rl(cfg, run_dir, init=init, max_steps=stop, progress=progress)
+                res = run_rl(cfg, run_dir, init=rl_init, max_steps=stop, progress=progress)
                 hf = export_checkpoint(res.checkpoint_dir, os.path.join(run_dir, "hf", f"step_{stop}"), dtype="float32",
-                                       tokenizer_dir=init)
+                                       tokenizer_dir=rl_init)
                 rep = ev.evaluate(hf, out_dir=os.path.join(run_dir, "eval", f"step_{stop}"), label=f"{algo}-s{seed}@{stop}", workdir=workdir)
                 episodes = sum(float(r.get("rl/rollouts", 0.0)) for r in {int(r["step"]): r for r in read_metrics(res.metrics_path)}.values())
                 point = _point(rep, stop, episodes)
@@ -98,7 +108,7 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
                     f.write(json.dumps(point, sort_keys=True) + "\n")
                 curve.append(point)
             arms[algo][seed] = sorted((p for p in curve if p["step"] <= steps), key=lambda p: p["step"])  # the budget asked for
-    summary = {"start": start, "tasks": len(tasks), "seen": n_seen, "held_out": n_held_out, "steps": steps, "eval_every": eval_every,
+    summary = {"start": start, "refresh": refresh, "tasks": len(tasks), "seen": n_seen, "held_out": n_held_out, "steps": steps, "eval_every": eval_every,
                "arms": {a: {str(s): c for s, c in by.items()} for a, by in arms.items()}}
     with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
@@ -118,6 +128,15 @@ def _last_points(summary: dict[str, Any], algo: str) -> list[dict[str, Any]]:
     return [c[-1] for c in summary["arms"].get(algo, {}).values() if c]
 
 
+def _refresh_point(summary: dict[str, Any]) -> dict[str, Any] | None:
+    return (summary.get("refresh") or {}).get("point")
+
+
+def _refresh_label(summary: dict[str, Any]) -> str:
+    r = summary["refresh"]
+    return f"world refresh ({r['steps']} SFT steps, {r['tasks']} demos in {r['worlds'] or 'the train'} worlds)"
+
+
 def verdicts(summary: dict[str, Any]) -> list[str]:
     """The issue's targets, judged on the arms' last points (seed means): +8 points over the start on all
     tasks; CARE within 2 points of vanilla with >= 25% fewer output tokens (when both ran)."""
@@ -127,8 +146,11 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
         if lasts:
             gain = 100 * (_mean([p["success"] for p in lasts]) - s["success"])
             held = 100 * (_mean([p["success_held_out"] for p in lasts]) - s["success_held_out"])
+            own = ""
+            if r := _refresh_point(summary):
+                own = f", RL over the refresh {100 * (_mean([p['success'] for p in lasts]) - r['success']):+.1f}"
             out.append(f"{algo} at step {lasts[0]['step']} ({len(lasts)} seed{'s' if len(lasts) > 1 else ''}): {gain:+.1f} points over the start"
-                       f" (held-out templates {held:+.1f}); target +8: {'met' if gain >= 8 else 'not met'}")
+                       f" (held-out templates {held:+.1f}{own}); target +8: {'met' if gain >= 8 else 'not met'}")
     care, van = _last_points(summary, "care"), _last_points(summary, "vanilla")
     if care and van:
         d = 100 * (_mean([p["success"] for p in care]) - _mean([p["success"] for p in van]))
@@ -159,6 +181,8 @@ def _row(name: str, p: dict[str, Any], *extra: Any) -> list[Any]:
 def _last_rows(summary: dict[str, Any]) -> list[list[Any]]:
     """Start, each arm's last point per seed, and the seed mean when there are several seeds."""
     rows = [_row("start", summary["start"])]
+    if r := _refresh_point(summary):
+        rows.append(_row(_refresh_label(summary), r))
     for algo, by in summary["arms"].items():
         rows += [_row(f"{algo}, seed {seed}", c[-1]) for seed, c in by.items() if c]
         lasts = _last_points(summary, algo)
@@ -171,6 +195,8 @@ def _last_rows(summary: dict[str, Any]) -> list[list[Any]]:
 
 def _curve_rows(summary: dict[str, Any]) -> list[list[Any]]:
     rows = [_row("start", summary["start"], 0)]
+    if r := _refresh_point(summary):
+        rows.append(_row("world refresh", r, 0))
     for algo, by in summary["arms"].items():
         for seed, c in by.items():
             rows += [_row(f"{algo} s{seed}", p, int(p["episodes"])) for p in c]
@@ -215,7 +241,7 @@ def write_lift_report(workdir: str, summary: dict[str, Any], png: str) -> str:
 
 def plot(summary: dict[str, Any], path: str) -> str:
     """Greedy success on all tasks, on seen (solid) / held-out (dashed) templates, and mean output tokens, against
-    RL steps (bottom axis) and training episodes (top axis); the start dashed grey."""
+    RL steps (bottom axis) and training episodes (top axis); the start dotted grey, a world refresh dotted black."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,20 +250,23 @@ def plot(summary: dict[str, Any], path: str) -> str:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     colors = {"care": "tab:blue", "vanilla": "tab:orange"}
     start = summary["start"]
+    origin = _refresh_point(summary) or start  # where the arms begin
     panels = ((axes[0], (("success", "-"),), f"greedy dev success ({summary['tasks']} tasks)"),
               (axes[1], (("success_seen", "-"), ("success_held_out", "--")), "seen (solid) / held-out (dashed) templates"),
               (axes[2], (("output_tokens", "-"), ("output_tokens_success", "--")), "mean output tokens / episode (dashed: successes)"))
     per_step = 0.0
     for ax, keys, label in panels:
         for key, style in keys:
-            if start.get(key) is None or any(p.get(key) is None for by in summary["arms"].values() for c in by.values() for p in c):
+            if start.get(key) is None or origin.get(key) is None or any(p.get(key) is None for by in summary["arms"].values() for c in by.values() for p in c):
                 continue  # points of a build without this figure
             ax.axhline(start[key], color="gray", linestyle=":", linewidth=1)
+            if origin is not start:
+                ax.axhline(origin[key], color="black", linestyle=":", linewidth=1)
             for algo, by in summary["arms"].items():
                 for seed, c in by.items():
                     if c:
                         per_step = per_step or c[-1]["episodes"] / max(c[-1]["step"], 1)
-                        ax.plot([0] + [p["step"] for p in c], [start[key]] + [p[key] for p in c], color=colors.get(algo), alpha=0.7,
+                        ax.plot([0] + [p["step"] for p in c], [origin[key]] + [p[key] for p in c], color=colors.get(algo), alpha=0.7,
                                 linestyle=style, marker="o", label=f"{algo} s{seed}" if style == "-" else None)
         ax.set_xlabel("RL step")
         ax.set_title(label, fontsize=10)

@@ -33,6 +33,7 @@ def fakes(monkeypatch):
 
     def run_rl(cfg, run_dir, init, max_steps, progress):
         calls["rl"].append((os.path.basename(run_dir), max_steps))
+        calls["init"] = init
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "metrics.jsonl"), "w", encoding="utf-8") as f:
             for s in range(1, max_steps + 1):
@@ -47,6 +48,8 @@ def fakes(monkeypatch):
             if label == calls["interrupt_at"]:
                 raise KeyboardInterrupt(label)
             calls["eval"].append(label)
+            if label == "refresh":
+                return _report(0.6, 100.0)
             step = 0 if label == "start" else int(label.rsplit("@", 1)[1])
             care = label.startswith("care")
             return _report(0.5 + 0.01 * step, (100.0 - (2.0 if care else 0.5) * step))
@@ -123,3 +126,30 @@ def test_points_of_an_earlier_build_get_the_token_split_from_their_trajectories(
     p = s["arms"]["care"]["0"][0]
     assert fakes["rl"] == [] and (p["output_tokens_success"], p["output_tokens_failure"]) == (10.0, 30.0)
     assert "| care, seed 0 | 2 | 50.0% | 50.0% | 50.0% | 20.0 | 10.0 | 30.0 |" in lift.table(s)
+
+
+def test_a_world_refresh_is_the_arms_start_and_a_row_of_its_own(tmp_path, fakes, monkeypatch):
+    """With config.lift.refresh_steps > 0, every arm starts from one refresh of --init (made once, before any
+    arm), the table shows it between the start and the arms, and the verdict says what RL added over it."""
+    import mpa_jax.sft.world_refresh as wr
+
+    made = []
+
+    def world_refresh(config, checkpoint, out, *, worlds, per_template, steps, lr, progress):
+        made.append((checkpoint, worlds, per_template, steps, lr))
+        return os.path.join(out, "sft", "hf"), {"tasks": 12, "worlds": worlds, "per_template": per_template, "steps": steps, "lr": lr,
+                                                "train_loss": 0.1}
+
+    monkeypatch.setattr(wr, "world_refresh", world_refresh)
+    c = _config(4)
+    c.lift.refresh_steps, c.lift.refresh_worlds = 30, 64
+    w = str(tmp_path / "l")
+    s = lift.rl_lift(c, w, init="starter", seeds=1, algos=("care",), eval_every=2, progress=False)
+    assert made == [("starter", 64, int(c.lift.refresh_per_template), 30, float(c.lift.refresh_lr))]
+    assert fakes["init"] == os.path.join(w, "refresh", "sft", "hf") and fakes["eval"][:2] == ["start", "refresh"]
+    t = lift.table(s)
+    assert "| start | 0 | 50.0% |" in t and "| world refresh (30 SFT steps, 12 demos in 64 worlds) | 0 | 60.0% |" in t
+    # step 4: 54% = +4.0 over the start, -6.0 over the refresh (RL lost what the refresh gained)
+    assert lift.verdicts(s)[0].startswith("care at step 4 (1 seed): +4.0 points over the start (held-out templates +4.0, "
+                                          "RL over the refresh -6.0)")
+    assert "| world refresh | 0 | 0 | 60.0% |" in lift.curve_table(s)
