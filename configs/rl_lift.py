@@ -10,7 +10,9 @@ and SGD 0.1 collapsed this 4.2M planner in earlier probes, docs/experiments.md);
 competence 0.3 up. The learner runs on one device (CPU: the forced host devices share two cores).
 Two selection levers measured on top (docs/experiments.md, neither lifted dev success at 40-60 steps):
 `--config.rl.select_pool=16` (a focus pool of templates) and `--config.rl.select_worlds=256` (fresh instances
-set in persona worlds of no split).
+set in persona worlds of no split). What lifted dev success: a world-general start first,
+`--config.lift.refresh_steps=300 --config.rl.select_worlds=256` (the `lift` section below: an SFT refresh on
+demonstrations in 1,024 worlds of no split, then RL in fresh worlds; docs/experiments.md "A world-general start").
 """
 import os
 
