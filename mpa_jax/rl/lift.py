@@ -7,7 +7,9 @@ From one start (the shipped starter), each (algo, seed) arm runs `run_rl` with c
 evaluated greedily, harness off, on the same dev tasks (`--seen` of templates seen in training + `--held-out`
 of held-out templates; 96 + 48 by default), and a row goes to `<arm>/curve.jsonl`: step, training episodes
 so far, success overall / seen / held-out, mean output tokens (of all, of successful and of failed episodes) and tool calls. Everything resumes: RL from
-its last checkpoint (exact), evaluations from their eval.json. The start is evaluated once. At the end:
+its last checkpoint (exact), evaluations from their eval.json. The start is evaluated once. With
+`config.lift.refresh_steps` > 0 every arm starts instead from one world-general SFT refresh of the start
+(`mpa_jax.sft.world_refresh`, made once into `<workdir>/refresh` and evaluated as a row of its own). At the end:
 `summary.json`, `table.md` (start vs each arm's last point, seed means, the targets' verdicts; then every
 point of every arm), `rl_lift.png` (success overall, seen / held-out, and output tokens against steps and
 episodes) and `report.html` (all of it in one page). Target (issue 28): +8 points over the start on the
