@@ -77,7 +77,9 @@ def world_refresh(config: Any, checkpoint: str, out: str, *, worlds: int, per_te
     c = copy.deepcopy(config)
     c.model.init_from = c.tokenizer.path = checkpoint  # the checkpoint's tokenizer, for the demonstrations too
     demos = os.path.join(out, "oracle-tasks.jsonl")
-    data = demos if os.path.exists(demos) else oracle_dataset(c, out, split=tasks_path, max_tasks=0, out=demos, progress=progress)[0]
+    if not os.path.exists(demos):  # written whole or not at all: an interrupted collection is redone, not half-used
+        os.replace(oracle_dataset(c, out, split=tasks_path, max_tasks=0, out=demos + ".part", progress=progress)[0], demos)
+    data = demos
     c.sft.steps, c.sft.lr, c.sft.warmup_steps = steps, lr, min(10, max(1, steps // 10))
     c.sft.export, c.sft.export_dtype = True, "float32"
     res = run_sft(c, os.path.join(out, "sft"), data, export=True, progress=progress)  # resumes from its last checkpoint
