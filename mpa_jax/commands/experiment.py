@@ -16,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=2, help="seeds per algorithm (config.seed, config.seed+1, ...)")
     parser.add_argument("--algos", default="care", help="rl-lift: comma-separated arms (care, vanilla)")
     parser.add_argument("--eval-every", type=int, default=25, help="rl-lift: RL steps between greedy dev evaluations")
+    parser.add_argument("--until", type=int, default=None,
+                        help="rl-lift: run and summarise every arm up to this step of the config.rl.steps schedule (default: all of it)")
     parser.add_argument("--seen", type=int, default=96, help="rl-lift: dev tasks of templates seen in training")
     parser.add_argument("--held-out", type=int, default=48, help="rl-lift: dev tasks of held-out templates")
 
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
             if not args.init or any(a not in ("care", "vanilla") for a in algos):
                 raise UserError("rl-lift needs --init DIR and --algos from care, vanilla")
             summary = rl_lift(config, args.workdir, init=args.init, seeds=args.seeds, algos=algos, eval_every=args.eval_every,
-                              n_seen=args.seen, n_held_out=args.held_out)
+                              n_seen=args.seen, n_held_out=args.held_out, until=args.until)
             print(table(summary))
             print(f"plot {summary['png']}   summary {args.workdir}/summary.json")
             return 0

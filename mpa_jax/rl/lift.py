@@ -9,7 +9,10 @@ of held-out templates; 96 + 48 by default), and a row goes to `<arm>/curve.jsonl
 so far, success overall / seen / held-out, mean output tokens (of all, of successful and of failed episodes) and tool calls. Everything resumes: RL from
 its last checkpoint (exact), evaluations from their eval.json. The start is evaluated once. With
 `config.lift.refresh_steps` > 0 every arm starts instead from one world-general SFT refresh of the start
-(`mpa_jax.sft.world_refresh`, made once into `<workdir>/refresh` and evaluated as a row of its own). At the end:
+(`mpa_jax.sft.world_refresh`, made once into `<workdir>/refresh` and evaluated as a row of its own). `--until N`
+stops every arm at step N of the `config.rl.steps` schedule (the same learning rate as a full run). Each point
+also splits its successful episodes' output tokens into tool calls, reasoning and replies (`turn_split`, read
+off the evaluation's trajectories), so the verdicts can say how much a length term could cut at all. At the end:
 `summary.json`, `table.md` (start vs each arm's last point, seed means, the targets' verdicts; then every
 point of every arm), `rl_lift.png` (success overall, seen / held-out, and output tokens against steps and
 episodes) and `report.html` (all of it in one page). Target (issue 28): +8 points over the start on the
@@ -49,22 +52,101 @@ def _point(report: dict[str, Any], step: int, episodes: float) -> dict[str, Any]
             "output_tokens_success": o.get("mean_output_tokens_success"), "output_tokens_failure": o.get("mean_output_tokens_failure")}
 
 
-def _with_token_split(point: dict[str, Any], eval_dir: str) -> dict[str, Any]:
-    """A point written before the curve kept successes' and failures' output tokens apart gets them from its
-    evaluation's trajectories (read, not re-run)."""
+def _turns(tokens: Sequence[int], loss_mask: Sequence[int]) -> list[list[int]]:
+    """The planner's turns of a trajectory: its runs of loss-masked (generated) tokens."""
+    turns: list[list[int]] = []
+    prev = 0
+    for t, m in zip(tokens, loss_mask):
+        if m and not prev:
+            turns.append([])
+        if m:
+            turns[-1].append(int(t))
+        prev = m
+    return turns
+
+
+def _reasoning(turn: list[int], think: tuple[int, int] | None) -> int:
+    """Tokens inside the turn's <think> ... </think> blocks."""
+    if think is None:
+        return 0
+    n, inside = 0, False
+    for t in turn:
+        if t in think:
+            inside = t == think[0]
+        elif inside:
+            n += 1
+    return n
+
+
+SPLIT_KEYS = ("tool_call_tokens_success", "reply_tokens_success", "reasoning_tokens_success", "replies_success", "shortest_reply")
+
+
+def turn_split(trajs: Sequence[Any], tool_call_id: int, think: tuple[int, int] | None = None) -> dict[str, float | None]:
+    """Successful episodes' output tokens split into reasoning (inside `think` = (open, close) ids), tool-call turns
+    and the other turns (replies to the user), both without their reasoning, and the shortest reply of any: what a
+    length term can cut without changing what the planner does is the reasoning and the replies above the shortest."""
+    rows, lengths = [], []
+    for t in trajs:
+        if not t.verification.success:
+            continue
+        row = [0, 0, 0, 0]  # tool-call tokens, reply tokens, reasoning tokens, replies
+        for turn in _turns(t.tokens, t.loss_mask):
+            k = _reasoning(turn, think)
+            row[2] += k
+            if tool_call_id in turn:
+                row[0] += len(turn) - k
+            else:
+                row[1] += len(turn) - k
+                row[3] += 1
+                lengths.append(len(turn) - k)
+        rows.append(row)
+    if not rows:
+        return dict.fromkeys(SPLIT_KEYS)
+    means = np.mean(np.asarray(rows, np.float64), axis=0)
+    return {**dict(zip(SPLIT_KEYS[:4], map(float, (means[0], means[1], means[2], means[3])))),
+            "shortest_reply": float(min(lengths)) if lengths else 0.0}
+
+
+def _completed(point: dict[str, Any], eval_dir: str, markers: dict[str, Any] | None) -> dict[str, Any]:
+    """A point gets what its evaluation's trajectories say and it lacks (read, not re-run): successes' and failures'
+    output tokens (a point written before the curve kept them apart) and the successes' `turn_split`."""
     path = os.path.join(eval_dir, "off", "run0.jsonl")
-    if point.get("output_tokens_success") is not None or not os.path.exists(path):
+    need_split = point.get("output_tokens_success") is None
+    need_turns = markers is not None and any(k not in point for k in SPLIT_KEYS)
+    if not (need_split or need_turns) or not os.path.exists(path):
         return point
     from mpa_jax.envs import Trajectory, read_jsonl
     from mpa_jax.eval.metrics import eval_metrics
 
-    o = eval_metrics(read_jsonl(path, Trajectory))["overall"]
-    return {**point, "output_tokens_success": o["mean_output_tokens_success"], "output_tokens_failure": o["mean_output_tokens_failure"]}
+    trajs = read_jsonl(path, Trajectory)
+    point = dict(point)
+    if need_split:
+        o = eval_metrics(trajs)["overall"]
+        point.update(output_tokens_success=o["mean_output_tokens_success"], output_tokens_failure=o["mean_output_tokens_failure"])
+    if need_turns:
+        point.update(turn_split(trajs, **markers))
+    return point
+
+
+def _markers(checkpoint: str) -> dict[str, Any] | None:
+    """`turn_split`'s token ids in `checkpoint`'s tokenizer: the one that opens a tool call and the think pair
+    (None: no tokenizer there, or no tool-call token in it)."""
+    from mpa_jax.tokenizer import load_tokenizer
+
+    try:
+        tok = load_tokenizer(checkpoint)
+    except Exception:  # noqa: BLE001 - an orbax run dir without a tokenizer: the split is left out
+        return None
+    if not tok.has_token("<tool_call>"):
+        return None
+    think = (tok.token_id("<think>"), tok.token_id("</think>")) if tok.has_token("<think>") and tok.has_token("</think>") else None
+    return {"tool_call_id": tok.token_id("<tool_call>"), "think": think}
 
 
 def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequence[str] = ("care",), eval_every: int = 25,
-            n_seen: int = 96, n_held_out: int = 48, progress: bool = True) -> dict[str, Any]:
-    """Run every arm (resuming) and summarise; see the module docstring."""
+            n_seen: int = 96, n_held_out: int = 48, until: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run every arm (resuming) and summarise; see the module docstring. `until` stops (and summarises) every arm
+    at that step of the `config.rl.steps` schedule (the learning-rate schedule stays that of the whole run)."""
     from mpa_jax.eval import Evaluator, select_tasks
     from mpa_jax.export import export_checkpoint
     from mpa_jax.rl.trainer import run_rl
@@ -72,11 +154,17 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
 
     if seeds < 1 or eval_every < 1:
         raise ValueError(f"rl-lift needs seeds >= 1 and --eval-every >= 1, got {seeds} and {eval_every}")
+    schedule = int(config.rl.steps)
+    steps = schedule if until is None else int(until)
+    if not 0 < steps <= schedule:
+        raise ValueError(f"rl-lift --until must be in 1..config.rl.steps ({schedule}), got {until}")
     os.makedirs(workdir, exist_ok=True)
     tasks = select_tasks("dev", n_seen=n_seen, n_held_out=n_held_out, seed=int(config.tasks.seed),
                          per_template=int(config.tasks.per_template))
     ev = Evaluator(config, tasks, progress=progress)
-    start = _point(ev.evaluate(init, out_dir=os.path.join(workdir, "eval", "start"), label="start", workdir=workdir), 0, 0.0)
+    markers = _markers(init)
+    start_dir = os.path.join(workdir, "eval", "start")
+    start = _completed(_point(ev.evaluate(init, out_dir=start_dir, label="start", workdir=workdir), 0, 0.0), start_dir, markers)
     refresh, rl_init = None, init
     lift = config.get("lift")
     if lift is not None and int(lift.refresh_steps) > 0:  # every arm starts from one world-general refresh of init
@@ -85,9 +173,9 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
         rl_init, refresh = world_refresh(config, init, os.path.join(workdir, "refresh"), worlds=int(lift.refresh_worlds),
                                          per_template=int(lift.refresh_per_template), steps=int(lift.refresh_steps),
                                          lr=float(lift.refresh_lr), progress=progress)
-        refresh["point"] = _point(ev.evaluate(rl_init, out_dir=os.path.join(workdir, "eval", "refresh"), label="refresh", workdir=workdir),
-                                  0, 0.0)
-    steps = int(config.rl.steps)
+        refresh_dir = os.path.join(workdir, "eval", "refresh")
+        refresh["point"] = _completed(_point(ev.evaluate(rl_init, out_dir=refresh_dir, label="refresh", workdir=workdir), 0, 0.0),
+                                      refresh_dir, markers)
     arms: dict[str, dict[int, list[dict[str, Any]]]] = {a: {} for a in algos}
     base = int(config.seed)
     for seed in range(base, base + seeds):
@@ -95,7 +183,7 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
             cfg = _arm_config(config, algo, seed)
             run_dir = os.path.join(workdir, f"{algo}-s{seed}")
             curve_path = os.path.join(run_dir, "curve.jsonl")
-            curve = [_with_token_split(p, os.path.join(run_dir, "eval", f"step_{p['step']}")) for p in _read_curve(curve_path)]
+            curve = [_completed(p, os.path.join(run_dir, "eval", f"step_{p['step']}"), markers) for p in _read_curve(curve_path)]
             done = {int(p["step"]) for p in curve}
             for stop in range(eval_every, steps + 1, eval_every):
                 if stop in done:
@@ -103,14 +191,16 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
                 res = run_rl(cfg, run_dir, init=rl_init, max_steps=stop, progress=progress)
                 hf = export_checkpoint(res.checkpoint_dir, os.path.join(run_dir, "hf", f"step_{stop}"), dtype="float32",
                                        tokenizer_dir=rl_init)
-                rep = ev.evaluate(hf, out_dir=os.path.join(run_dir, "eval", f"step_{stop}"), label=f"{algo}-s{seed}@{stop}", workdir=workdir)
+                eval_dir = os.path.join(run_dir, "eval", f"step_{stop}")
+                rep = ev.evaluate(hf, out_dir=eval_dir, label=f"{algo}-s{seed}@{stop}", workdir=workdir)
                 episodes = sum(float(r.get("rl/rollouts", 0.0)) for r in {int(r["step"]): r for r in read_metrics(res.metrics_path)}.values())
                 point = _point(rep, stop, episodes)
                 with open(curve_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(point, sort_keys=True) + "\n")
-                curve.append(point)
+                curve.append(_completed(point, eval_dir, markers))
             arms[algo][seed] = sorted((p for p in curve if p["step"] <= steps), key=lambda p: p["step"])  # the budget asked for
-    summary = {"start": start, "refresh": refresh, "tasks": len(tasks), "seen": n_seen, "held_out": n_held_out, "steps": steps, "eval_every": eval_every,
+    summary = {"start": start, "refresh": refresh, "tasks": len(tasks), "seen": n_seen, "held_out": n_held_out, "steps": steps,
+               "schedule": schedule, "eval_every": eval_every,
                "arms": {a: {str(s): c for s, c in by.items()} for a, by in arms.items()}}
     with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
@@ -136,7 +226,8 @@ def _refresh_point(summary: dict[str, Any]) -> dict[str, Any] | None:
 
 def _refresh_label(summary: dict[str, Any]) -> str:
     r = summary["refresh"]
-    return f"world refresh ({r['steps']} SFT steps, {r['tasks']} demos in {r['worlds'] or 'the train'} worlds)"
+    think = f", {r['reasoning']} reasoning" if r.get("reasoning", "none") != "none" else ""
+    return f"world refresh ({r['steps']} SFT steps, {r['tasks']} demos in {r['worlds'] or 'the train'} worlds{think})"
 
 
 def verdicts(summary: dict[str, Any]) -> list[str]:
@@ -164,7 +255,27 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
             split = f" (successful episodes {-100 * (1 - _mean(care_ok) / _mean(van_ok)):+.1f}%)"
         out.append(f"CARE vs vanilla: success {d:+.1f} points, output tokens {-100 * cut:+.1f}%{split}; target (>= -2 points, <= -25%): "
                    f"{'met' if ok else 'not met'}")
+    base, who = (van, "vanilla's last points") if van else ([_refresh_point(summary) or s], "the arms' start")
+    if floor := length_floor(base):
+        out.append(f"length floor ({who}): of the successful episodes' {floor['tokens']:.1f} output tokens {floor['tool_call_tokens']:.1f} are "
+                   f"tool calls and {floor['reasoning_tokens']:.1f} reasoning, the shortest reply has {floor['shortest_reply']:.0f}: a length "
+                   f"term can cut successes by at most {100 * floor['max_cut']:.1f}% without dropping a tool call")
     return out
+
+
+def length_floor(points: list[dict[str, Any]]) -> dict[str, float] | None:
+    """What the successful episodes of `points` cannot lose to a length term without doing less: their tool-call
+    tokens (reasoning aside) plus, for each reply, the shortest reply seen; `max_cut` is the share of their
+    tokens above that floor (the reasoning and the replies' excess)."""
+    if not points or any(p.get(k) is None for p in points for k in SPLIT_KEYS):
+        return None
+    calls = _mean([p["tool_call_tokens_success"] for p in points])
+    reasoning = _mean([p["reasoning_tokens_success"] for p in points])
+    tokens = calls + reasoning + _mean([p["reply_tokens_success"] for p in points])
+    shortest = min(p["shortest_reply"] for p in points)
+    floor = calls + shortest * _mean([p["replies_success"] for p in points])
+    return {"tool_call_tokens": calls, "reasoning_tokens": reasoning, "tokens": tokens, "shortest_reply": shortest,
+            "max_cut": 1.0 - floor / tokens if tokens else 0.0}
 
 
 def _pct(x: float | None) -> str:

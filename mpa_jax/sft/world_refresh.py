@@ -63,11 +63,13 @@ def world_refresh(config: Any, checkpoint: str, out: str, *, worlds: int, per_te
 
     if steps < 1 or per_template < 1 or worlds < 0:
         raise ValueError(f"a world refresh needs steps >= 1, per_template >= 1 and worlds >= 0, got {steps}, {per_template}, {worlds}")
+    reasoning = str(config.context.reasoning)  # the demonstrations' <think> sentences (configs/starter.py: none)
     done = os.path.join(out, "refresh.json")
     if os.path.exists(done):
         with open(done, encoding="utf-8") as f:
             summary = json.load(f)
-        if (summary["worlds"], summary["per_template"], summary["steps"], summary["lr"]) != (worlds, per_template, steps, lr):
+        if (summary["worlds"], summary["per_template"], summary["steps"], summary["lr"], summary.get("reasoning", "none")) != (
+                worlds, per_template, steps, lr, reasoning):
             raise ValueError(f"{out} holds a refresh of other settings ({summary}); use another directory")
         return summary["export_dir"], summary
     os.makedirs(out, exist_ok=True)
@@ -91,7 +93,7 @@ def world_refresh(config: Any, checkpoint: str, out: str, *, worlds: int, per_te
     with open(tasks_path, encoding="utf-8") as f:
         n = sum(1 for line in f if line.strip())
     summary = {"export_dir": res.export_dir, "tasks": n, "worlds": worlds, "per_template": per_template, "steps": steps, "lr": lr,
-               "train_loss": float(loss)}
+               "reasoning": reasoning, "train_loss": float(loss)}
     with open(done, "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2, sort_keys=True)
     return res.export_dir, summary

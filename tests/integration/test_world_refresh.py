@@ -39,3 +39,6 @@ def test_a_refresh_trains_on_worlds_of_no_split_and_is_reused(tmp_path):
     assert again[0] == export and abs(again[1]["train_loss"] - info["train_loss"]) < 1e-6
     with pytest.raises(ValueError, match="other settings"):
         world_refresh(config, os.path.join(ROOT, "starter"), out, **{**kw, "steps": 3})
+    config.context.reasoning = "full"  # demonstrations with <think> sentences are other settings too
+    with pytest.raises(ValueError, match="other settings"):
+        world_refresh(config, os.path.join(ROOT, "starter"), out, **kw)

@@ -91,6 +91,11 @@ def test_an_interrupted_experiment_resumes_after_its_last_evaluated_point(tmp_pa
     # summarised at a smaller budget: only the points up to it, nothing run
     s = lift.rl_lift(_config(4), w, init="starter", seeds=1, algos=("care", "vanilla"), eval_every=2, progress=False)
     assert [p["step"] for p in s["arms"]["vanilla"]["0"]] == [2, 4] and fakes["rl"] == []
+    # or with --until under the whole schedule (the learning-rate schedule stays rl.steps)
+    s = lift.rl_lift(_config(6), w, init="starter", seeds=1, algos=("care", "vanilla"), eval_every=2, until=4, progress=False)
+    assert [p["step"] for p in s["arms"]["care"]["0"]] == [2, 4] and (s["steps"], s["schedule"]) == (4, 6) and fakes["rl"] == []
+    with pytest.raises(ValueError, match="--until must be in 1..config.rl.steps"):
+        lift.rl_lift(_config(6), w, init="starter", seeds=1, algos=("care",), eval_every=2, until=8, progress=False)
 
 
 def test_table_verdicts_curve_and_report(tmp_path, fakes):
@@ -153,3 +158,34 @@ def test_a_world_refresh_is_the_arms_start_and_a_row_of_its_own(tmp_path, fakes,
     assert lift.verdicts(s)[0].startswith("care at step 4 (1 seed): +4.0 points over the start (held-out templates +4.0, "
                                           "RL over the refresh -6.0)")
     assert "| world refresh | 0 | 0 | 60.0% |" in lift.curve_table(s)
+
+
+def test_turn_split_and_the_length_floor_in_the_verdicts():
+    """Successes' generated tokens split into reasoning, tool-call turns and replies (failures left out); the floor is
+    the tool calls plus the shortest reply per reply, and the verdicts say how much of the successes is above it."""
+    from mpa_jax.envs import Trajectory, Verification
+
+    call, think = 7, (20, 21)  # the ids that open a tool call and a think block in this test's token space
+
+    def traj(ok: bool, turns: list[list[int]]) -> Trajectory:
+        tokens, mask = [1, 2], [0, 0]  # a prompt
+        for t in turns:
+            tokens += t + [3]  # each turn, then a tool result / user message the planner did not write
+            mask += [1] * len(t) + [0]
+        return Trajectory(task_id="t", tokens=tokens, loss_mask=mask, logprobs=[0.0] * len(tokens), steps=[],
+                          verification=Verification(success=ok, score=float(ok)), costs={}, provenance={})
+
+    trajs = [traj(True, [[20, 8, 8, 8, 21, call, 5, 5, 5], [20, 21, 9, 9, 9, 9]]),  # 3 reasoning, 6 tool-call, a 6-token reply
+             traj(True, [[call, 5], [call, 5], [9] * 10]),                      # 4 tool-call tokens, a 10-token reply
+             traj(False, [[9] * 50])]                                           # a failure: not counted
+    split = lift.turn_split(trajs, call, think)
+    assert split == {"tool_call_tokens_success": 5.0, "reply_tokens_success": 8.0, "reasoning_tokens_success": 1.5,
+                     "replies_success": 1.0, "shortest_reply": 6.0}
+    assert lift.turn_split(trajs, call)["reasoning_tokens_success"] == 0.0  # no think ids: nothing counted as reasoning
+    floor = lift.length_floor([split])
+    assert floor["tokens"] == 14.5 and floor["max_cut"] == pytest.approx(1 - 11 / 14.5)
+    start = {"step": 0, "success": 0.5, "success_seen": 0.5, "success_held_out": 0.5, "output_tokens": 20.0, **split}
+    v = lift.verdicts({"start": start, "arms": {}})
+    assert v == ["length floor (the arms' start): of the successful episodes' 14.5 output tokens 5.0 are tool calls and 1.5 reasoning, "
+                 "the shortest reply has 6: a length term can cut successes by at most 24.1% without dropping a tool call"]
+    assert lift.length_floor([{**split, "shortest_reply": None}]) is None  # a point without the split: no floor claimed
