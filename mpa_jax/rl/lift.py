@@ -103,8 +103,7 @@ def turn_split(trajs: Sequence[Any], tool_call_id: int, think: tuple[int, int] |
     if not rows:
         return dict.fromkeys(SPLIT_KEYS)
     means = np.mean(np.asarray(rows, np.float64), axis=0)
-    return {**dict(zip(SPLIT_KEYS[:4], map(float, (means[0], means[1], means[2], means[3])))),
-            "shortest_reply": float(min(lengths)) if lengths else 0.0}
+    return {**dict(zip(SPLIT_KEYS[:4], map(float, means))), "shortest_reply": float(min(lengths)) if lengths else 0.0}
 
 
 def _completed(point: dict[str, Any], eval_dir: str, markers: dict[str, Any] | None) -> dict[str, Any]:
