@@ -103,7 +103,7 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
         state, m = step(state, placed)
         jax.block_until_ready(state.params)
         t2 = time.perf_counter()
-        engine.update_weights(jax.device_get(state.params), str(it + 1))
+        engine.update_weights(state.params, str(it + 1))  # as the trainer syncs: the engine copies on device
         jax.block_until_ready(jax.tree.leaves(engine.params))
         t3 = time.perf_counter()
         gen_tokens = float(sum(len(o.token_ids) for o in outs))
@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--attention", choices=("xla", "cudnn", "splash"), default=None, help="model.attention_impl (default: the config's)")
     args = p.parse_args(argv)
     sys.path.insert(0, ROOT)
     import jax
@@ -231,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--device {args.device}: JAX's backend is {backend} ({jax.devices()[0].device_kind})", file=sys.stderr)
         return 2
     config = load_config_file(args.config) if args.config else shaped_config(args.shape, args.dry_run)
+    if args.attention:
+        config.model.attention_impl = args.attention
     tok = None
     if args.shape == "tiny":
         tok = tk.build_tokenizer(tk.synthetic_corpus(300), int(config.model.vocab_size), None)

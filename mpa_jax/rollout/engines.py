@@ -96,7 +96,7 @@ def make_engine(
     if config.rollout.sharded:
         from mpa_jax import sharding
 
-        mesh = sharding.make_mesh(config.mesh)
+        mesh = sharding.make_learner_mesh(config.mesh)  # the learner's devices (a 1-device mesh: the first)
         rules = sharding.rules_from_config(config)
     # slots as long as an episode may grow (rollout.max_total_tokens): a longer ring only costs memory
     kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh),

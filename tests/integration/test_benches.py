@@ -56,3 +56,20 @@ def test_rl_step_gpu_script_dry_run():
     res = subprocess.run([sys.executable, "bench/rl_step.py", "--shape", "qwen3_1_7b", "--device", "gpu"], capture_output=True,
                          text=True, cwd=ROOT, env=env, timeout=300)
     assert res.returncode == 2 and "--device gpu: JAX's backend is cpu" in res.stderr
+
+
+def test_rl_lift_gpu_script_dry_run(tmp_path):
+    """The lent-GPU RL-lift script (`bench/rl_lift_gpu.py --smoke`, issue 28 item 5) runs every stage at a tiny
+    width on CPU: the plan, the random start at the recipe's flags with the starter's tokenizer, one CARE arm
+    of `mpa experiment rl-lift` with its evaluations, and the estimate of the whole experiment from them."""
+    import json
+
+    _bench("bench/rl_lift_gpu.py", "--workdir", str(tmp_path), "--smoke", "--dry-run", "--device", "cpu", "--skip", "rl-step")
+    fig = json.loads((tmp_path / "figures.json").read_text())
+    assert fig["plan"]["config"] == "rl_lift_gpu" and fig["plan"]["devices"] == 1, fig["plan"]
+    lift = fig["lift"]
+    assert "error" not in lift, lift
+    assert lift["start_eval"]["tasks"] == 6 and lift["step_eval"]["tasks"] == 6, lift
+    assert lift["rl"]["steps"] == 1 and lift["rl"]["groups_drawn"] >= 2 and lift["rl"]["rollout_s"] > 0, lift["rl"]
+    est = fig["estimate"]
+    assert est["eval_s"] > 0 and est["rl_rollout_s"] > 0 and est["tokens_per_episode"] == 110.4, est
