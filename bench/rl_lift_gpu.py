@@ -2,7 +2,7 @@
 allows, and the whole experiment's wall time estimated from what was measured.
 
     python bench/rl_lift_gpu.py --workdir runs/lift_gpu --init HF_DIR           # one CARE arm to rl.steps, timed
-    python bench/rl_lift_gpu.py --workdir runs/lift_gpu --smoke                  # what fits a 15-minute loan
+    python bench/rl_lift_gpu.py --workdir runs/lift_gpu --smoke                  # 1 step on 16 + 8 tasks (a short loan)
     python bench/rl_lift_gpu.py --workdir /tmp/w --smoke --dry-run --device cpu  # the same path, tiny, on CPU
 
 Stages, each timed (figures printed as they come and written to WORKDIR/figures.json):
