@@ -264,8 +264,10 @@ ARGS: dict[str, list[str]] = {
 NEEDS_ACCELERATOR = {"models_accel"}
 # sglang_cpu needs SGLang in its own venv (docs/scaling.md); fuzz_episodes is a robustness check (it asserts, its
 # figures are counts, not speeds; tests/unit/test_fuzz_episodes.py runs it small); rl_pool_transfer reads an RL-lift
-# experiment's outputs and world_shift is a success figure of a checkpoint (docs/experiments.md): all are run by hand
-SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer", "world_shift"}
+# experiment's outputs and world_shift is a success figure of a checkpoint (docs/experiments.md); rl_lift_gpu is an
+# experiment for a lent GPU (its figures go to docs/perf.md by hand; tests/integration/test_benches.py dry-runs it):
+# all are run by hand
+SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer", "world_shift", "rl_lift_gpu"}
 
 
 def benches() -> list[str]:
