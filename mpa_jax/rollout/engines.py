@@ -100,7 +100,8 @@ def make_engine(
         rules = sharding.rules_from_config(config)
     # slots as long as an episode may grow (rollout.max_total_tokens): a longer ring only costs memory
     kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh),
-              vocab_limit=None if vocab_limit is None else int(vocab_limit), slot_len=int(config.rollout.max_total_tokens))
+              vocab_limit=None if vocab_limit is None else int(vocab_limit), slot_len=int(config.rollout.max_total_tokens),
+              prefill_step=int(config.rollout.prefill_step), prefill_row_base=int(config.rollout.prefill_row_base))
     if checkpoint is not None:
         try:
             return JaxEngine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), **kw)

@@ -99,6 +99,9 @@ class Engine:
       max_batch: rows per compiled program of `generate_batch` (larger requests run in chunks).
       min_prompt_bucket, min_new_bucket: smallest shape buckets (fewer tiny compilations).
       max_prefill: prompts per replica in one slot prefill call.
+      prefill_step, prefill_row_base: slot prefill shape buckets: widths are powers of two up to
+        `prefill_step`, then multiples of it; rows are powers of `prefill_row_base` (2 or 4) up to
+        `max_prefill`. Larger values: fewer compiled prefill programs, more padding.
       idle_exit_s: the slot loop's thread ends after this long without work (and restarts on demand).
     """
 
@@ -121,6 +124,8 @@ class Engine:
         min_prompt_bucket: int = 16,
         min_new_bucket: int = 16,
         max_prefill: int = 16,
+        prefill_step: int = 256,
+        prefill_row_base: int = 2,
         idle_exit_s: float = 2.0,
     ) -> None:
         cfg = model_cfg
@@ -158,7 +163,8 @@ class Engine:
         self.max_batch = _bucket(max(max_batch, self._data_size), self._data_size)
         self._slot_cfg = {"slots": int(slots) if slots is not None else int(max_batch),
                           "max_len": min(int(slot_len) if slot_len is not None else DEFAULT_SLOT_LEN, cfg.max_position_embeddings),
-                          "chunk": int(chunk), "long_chunk": long_chunk, "max_prefill": int(max_prefill)}
+                          "chunk": int(chunk), "long_chunk": long_chunk, "max_prefill": int(max_prefill),
+                          "prefill_step": int(prefill_step), "prefill_row_base": int(prefill_row_base)}
         self.idle_exit_s = float(idle_exit_s)
         self._signature = _tree_signature(params)
         self._weights = (self._own(params), str(weight_version))  # swapped as one tuple: params and label agree
@@ -331,7 +337,8 @@ class Engine:
                 c = self._slot_cfg
                 dec = SlotDecoder(self._cfg, slots=c["slots"], max_len=c["max_len"], chunk=c["chunk"], long_chunk=c["long_chunk"],
                                   vocab_limit=self._vocab_limit, cache_dtype=self.cache_dtype, replica_mesh=self._replica_mesh,
-                                  mesh=self._mesh, min_prompt_bucket=self.min_prompt_bucket, max_prefill=c["max_prefill"])
+                                  mesh=self._mesh, min_prompt_bucket=self.min_prompt_bucket, max_prefill=c["max_prefill"],
+                                  prefill_step=c["prefill_step"], prefill_row_base=c["prefill_row_base"])
                 params, version = self._weights
                 with counting(self._slot_compiles):
                     dec.set_weights(params, version)

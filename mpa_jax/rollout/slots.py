@@ -113,10 +113,19 @@ def _coarse(n: int, cap: int) -> int:
     return min(b, cap)
 
 
-def prompt_bucket(n: int, minimum: int) -> int:
-    """Prefill width: a power of two up to 256, then a multiple of 256 (long prompts waste little of a slot)."""
+def prompt_bucket(n: int, minimum: int, step: int = 256) -> int:
+    """Prefill width: a power of two up to `step`, then a multiple of `step` (long prompts waste little of a
+    slot; a larger step compiles fewer prefill programs, which is what counts on an accelerator)."""
     b = _bucket(n, minimum)
-    return b if b <= 256 else -(-int(n) // 256) * 256
+    return b if b <= step else -(-int(n) // step) * step
+
+
+def _rows(n: int, base: int, cap: int) -> int:
+    """Prefill rows for `n` prompts: the smallest power of `base` >= n, capped."""
+    b = 1
+    while b < n:
+        b *= base
+    return min(b, cap)
 
 
 _prompt_bucket = prompt_bucket  # the name bench/serve.py used
@@ -177,11 +186,15 @@ class SlotDecoder:
 
     def __init__(self, cfg: models.ModelConfig, *, slots: int, max_len: int, chunk: int = 8, vocab_limit: int | None = None,
                  cache_dtype: str | None = None, replica_mesh: Any = None, mesh: Any = None, min_prompt_bucket: int = 16,
-                 max_prefill: int = 16, long_chunk: int | None = None) -> None:
+                 max_prefill: int = 16, long_chunk: int | None = None, prefill_step: int = 256,
+                 prefill_row_base: int = 2) -> None:
         if cfg.family not in SUPPORTED_FAMILIES:
             raise ValueError(f"SlotDecoder: model family {cfg.family!r} has no slot decoding")
         if chunk < 1 or max_len < 2:
             raise ValueError(f"SlotDecoder: chunk must be >= 1 and max_len >= 2, got {chunk}, {max_len}")
+        if prefill_step < 1 or prefill_step & (prefill_step - 1) or prefill_row_base not in (2, 4):
+            raise ValueError(f"SlotDecoder: prefill_step must be a power of two and prefill_row_base 2 or 4, got "
+                             f"{prefill_step}, {prefill_row_base}")
         self.cfg = cfg
         self.replicas = int(replica_mesh.devices.size) if replica_mesh is not None else 1
         # Slots live as [replicas, per_replica]; slot s is (s % R, s // R), so the lowest slots (the ones
@@ -198,6 +211,10 @@ class SlotDecoder:
         self.max_len = -(-int(max_len) // self.long_chunk) * self.long_chunk
         self.min_prompt_bucket = int(min_prompt_bucket)
         self.max_prefill = _bucket(max_prefill)
+        # Prefill shape buckets (widths x rows): each is a compiled program, 11-23 s at Qwen3-1.7B shape on an
+        # H200 (docs/perf.md), so accelerator configs coarsen both (rollout.prefill_step, prefill_row_base).
+        self.prefill_step = int(prefill_step)
+        self.prefill_row_base = int(prefill_row_base)
         self.vocab_limit = int(vocab_limit) if vocab_limit is not None else int(cfg.vocab_size)
         self.cache_dtype = cache_dtype
         from jax.sharding import NamedSharding, PartitionSpec
@@ -231,9 +248,13 @@ class SlotDecoder:
     def ready(self) -> bool:
         return self._dparams is not None
 
+    def width(self, prompt_len: int) -> int:
+        """The prefill width (prompt bucket) of a `prompt_len`-token prompt."""
+        return prompt_bucket(prompt_len, self.min_prompt_bucket, self.prefill_step)
+
     def fits(self, prompt_len: int, max_new: int) -> bool:
         """Whether a request fits one slot's ring."""
-        return prompt_bucket(prompt_len, self.min_prompt_bucket) + max_new <= self.max_len
+        return self.width(prompt_len) + max_new <= self.max_len
 
     def steps_at(self, long: bool) -> int:
         """Steps of the next chunk: the long chunk only from a head aligned to it (no chunk wraps the ring)."""
@@ -254,10 +275,10 @@ class SlotDecoder:
             self.prefill([p] * n, list(range(n)))
             if nb >= self.max_prefill:
                 break
-            nb = min(nb * 2, self.max_prefill)
+            nb = min(nb * self.prefill_row_base, self.max_prefill)
         s = self.slots
         z = lambda dt, v=0: np.full((s,), v, dt)  # noqa: E731
-        width = prompt_bucket(prompt_len, self.min_prompt_bucket)
+        width = self.width(prompt_len)
         # The windows `SlotLoop._step` can ask for: the columns a row holds (prompt bucket + tokens so far) plus a chunk.
         spans = {steps: sorted({self.span(n + steps) for n in range(width, width + max_new + 1)})
                  for steps in {self.chunk, self.long_chunk}}
@@ -289,8 +310,8 @@ class SlotDecoder:
         r = self.replicas
         rep = [s % r for s in slot_ids]
         # Rows per replica: a power of two (a prefill's cost is its padded rows; 7 prompts padded to 16 cost 2.3x)
-        nb = min(_bucket(max(rep.count(k) for k in range(r))), self.max_prefill)
-        p_len = prompt_bucket(max(len(p) for p in prompts), self.min_prompt_bucket)
+        nb = _rows(max(rep.count(k) for k in range(r)), self.prefill_row_base, self.max_prefill)
+        p_len = self.width(max(len(p) for p in prompts))
         ids = np.zeros((r, nb, p_len), np.int32)
         mask = np.zeros((r, nb, p_len), np.int32)
         mask[:, :, -1] = 1  # filler rows: one real token so their attention is well defined
@@ -724,7 +745,7 @@ class SlotLoop:
         # One prefill per prompt bucket: a prompt padded to a longer neighbour's width could overflow its slot.
         by_width: dict[int, list[SlotRequest]] = {}
         for r in take:
-            by_width.setdefault(prompt_bucket(len(r.prompt), self.dec.min_prompt_bucket), []).append(r)
+            by_width.setdefault(self.dec.width(len(r.prompt)), []).append(r)
         reps = self.dec.replicas
         for width, same in by_width.items():
             slots, free = free[: len(same)], free[len(same):]

@@ -368,3 +368,26 @@ def test_a_batch_on_an_idle_engine_is_bitwise_reproducible(ckpt, engine):
     fresh = JaxEngine.from_pretrained(ckpt, max_batch=4).generate(prompts, sp, seeds=[1, 2, 3, 4, 5])
     assert [r.token_ids for r in used] == [r.token_ids for r in fresh]
     assert [r.logprobs for r in used] == [r.logprobs for r in fresh]
+
+
+def test_other_prefill_buckets_give_the_same_tokens(ckpt):
+    """`prefill_step` / `prefill_row_base` (configs/rl_lift_gpu.py: fewer compiled prefill programs on an
+    accelerator) change only the padding: the slot path still gives the whole-batch program's tokens. Here
+    widths are multiples of 16 above 16 (finer than the default's for these prompts) and rows 1, 4, 16."""
+    from mpa_jax.rollout.slots import _rows, prompt_bucket
+
+    lengths = (5, 23, 40, 3, 60, 17, 33, 9, 47)
+    assert sorted({prompt_bucket(n, 4) for n in lengths}) == [4, 8, 16, 32, 64]
+    assert sorted({prompt_bucket(n, 4, step=16) for n in lengths}) == [4, 8, 16, 32, 48, 64]
+    assert sorted({prompt_bucket(n, 4, step=16) for n in range(17, 200)}) == list(range(32, 224, 16))
+    assert [_rows(n, 4, 16) for n in (1, 2, 4, 5, 16, 30)] == [1, 4, 4, 16, 16, 16]
+    coarse = JaxEngine.from_pretrained(ckpt, max_batch=4, prefill_step=16, prefill_row_base=4)
+    prompts = _prompts(lengths, seed=21)
+    sp = SamplingParams(max_new_tokens=12, temperature=1.0)
+    seeds = list(range(len(prompts)))
+    got, want = coarse.generate(prompts, sp, seeds), coarse.generate_batch(prompts, sp, seeds)
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+    with pytest.raises(ValueError, match="prefill_step"):
+        JaxEngine.from_pretrained(ckpt, max_batch=4, prefill_step=24).generate(prompts[:1], sp)
