@@ -14,8 +14,9 @@ set in persona worlds of no split). What lifted dev success: a world-general sta
 `--config.lift.refresh_steps=300 --config.rl.select_worlds=256` (the `lift` section below: an SFT refresh on
 demonstrations in 1,024 worlds of no split, then RL in fresh worlds; docs/experiments.md "A world-general start").
 CARE vs vanilla there (`--algos care,vanilla --until 20`): accuracy kept, no length cut, at most 9.2% possible
-(the successes are their tool calls); `--config.context.reasoning=full` gives a start that reasons, where
-CARE's length claim can be tested (docs/experiments.md "CARE vs vanilla from the world-general start").
+(the successes are their tool calls); `--config.context.reasoning=full` gives a start that reasons, but the
+4.2M planner's reasoning refresh breaks it (dev 33.3%; docs/experiments.md "A start that reasons"): CARE's length
+claim needs a planner that reasons well (configs/rl_lift_gpu.py).
 """
 import os
 
