@@ -32,6 +32,6 @@ def get_config():
     c.mesh.fsdp = 1  # one GPU
     # Coarse prefill buckets: the agent loop's prompts grow from ~1k to ~4k tokens, so the default buckets
     # (256-token widths x rows 1..16) compile ~80 prefill programs at 11-23 s each on an H200 (docs/perf.md);
-    # these compile ~12 for a few % more prefill padding.
+    # these compile ~12, for more padded prefill tokens (+37% on the starter's evaluation, bench/prefill_buckets.py).
     c.rollout.prefill_step, c.rollout.prefill_row_base = 1024, 4
     return c

@@ -92,6 +92,11 @@ def make_engine(
     from mpa_jax.rollout.jax_engine import JaxEngine, check_vocab_limit
     from mpa_jax.rollout.types import EngineError
 
+    step, row_base = int(config.rollout.prefill_step), int(config.rollout.prefill_row_base)
+    if step < 1 or step & (step - 1):
+        raise RolloutSetupError(f"config.rollout.prefill_step must be a power of two, got {step}")
+    if row_base not in (2, 4):
+        raise RolloutSetupError(f"config.rollout.prefill_row_base must be 2 or 4, got {row_base}")
     mesh = rules = None
     if config.rollout.sharded:
         from mpa_jax import sharding
@@ -101,7 +106,7 @@ def make_engine(
     # slots as long as an episode may grow (rollout.max_total_tokens): a longer ring only costs memory
     kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh),
               vocab_limit=None if vocab_limit is None else int(vocab_limit), slot_len=int(config.rollout.max_total_tokens),
-              prefill_step=int(config.rollout.prefill_step), prefill_row_base=int(config.rollout.prefill_row_base))
+              prefill_step=step, prefill_row_base=row_base)
     if checkpoint is not None:
         try:
             return JaxEngine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), **kw)

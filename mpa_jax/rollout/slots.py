@@ -105,14 +105,6 @@ def _bucket(n: int, minimum: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _coarse(n: int, cap: int) -> int:
-    """Smallest power of four >= n, capped: few distinct batch widths, so few compiled programs."""
-    b = 1
-    while b < n:
-        b *= 4
-    return min(b, cap)
-
-
 def prompt_bucket(n: int, minimum: int, step: int = 256) -> int:
     """Prefill width: a power of two up to `step`, then a multiple of `step` (long prompts waste little of a
     slot; a larger step compiles fewer prefill programs, which is what counts on an accelerator)."""
@@ -126,6 +118,11 @@ def _rows(n: int, base: int, cap: int) -> int:
     while b < n:
         b *= base
     return min(b, cap)
+
+
+def _coarse(n: int, cap: int) -> int:
+    """Smallest power of four >= n, capped: few distinct batch widths, so few compiled programs."""
+    return _rows(n, 4, cap)
 
 
 _prompt_bucket = prompt_bucket  # the name bench/serve.py used

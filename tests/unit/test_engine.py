@@ -391,3 +391,12 @@ def test_other_prefill_buckets_give_the_same_tokens(ckpt):
         np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
     with pytest.raises(ValueError, match="prefill_step"):
         JaxEngine.from_pretrained(ckpt, max_batch=4, prefill_step=24).generate(prompts[:1], sp)
+    import os
+
+    from mpa_jax.config import load_config_file
+    from mpa_jax.rollout.engines import RolloutSetupError, make_engine
+
+    config = load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "tiny.py"))
+    config.rollout.prefill_row_base = 3
+    with pytest.raises(RolloutSetupError, match="config.rollout.prefill_row_base must be 2 or 4, got 3"):
+        make_engine(config, ckpt)
