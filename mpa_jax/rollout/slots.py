@@ -41,13 +41,14 @@ between chunks.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -545,6 +546,10 @@ class SlotLoop:
         self._stops = np.full((s, self._n_stop), -1, np.int32)
         self._wake = threading.Event()
         self._gate = threading.Lock()  # held by the loop while it works; pause() takes it
+        # Threads waiting in `paused()`: the loop lets them in before it takes the gate again (a Lock is not
+        # fair: on a loaded host the loop re-took it chunk after chunk and a weight update waited out the run).
+        self._pausers = 0
+        self._pausers_cv = threading.Condition()
         self._life = threading.Lock()  # guards starting and ending the thread
         self._enqueue = threading.Lock()  # a group of requests enters the queue, and leaves it, at once
         self._thread: threading.Thread | None = None
@@ -605,9 +610,22 @@ class SlotLoop:
         """Requests in slots now."""
         return sum(r is not None for r in self._slot)
 
-    def paused(self) -> threading.Lock:
-        """Hold the loop between chunks while the `with` block runs."""
-        return self._gate
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the loop between chunks while the `with` block runs (from the next chunk boundary on)."""
+        with self._pausers_cv:
+            self._pausers += 1
+        try:
+            with self._gate:
+                yield
+        finally:
+            with self._pausers_cv:
+                self._pausers -= 1
+                self._pausers_cv.notify_all()
+
+    def _let_pausers_in(self) -> None:
+        with self._pausers_cv:
+            self._pausers_cv.wait_for(lambda: self._pausers == 0)
 
     def utilisation(self) -> dict[str, float]:
         """Decode-slot use: the fraction of slot-steps that emitted a token, over all chunks and over
@@ -651,6 +669,7 @@ class SlotLoop:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
+            self._let_pausers_in()
             with self._gate:
                 try:
                     t0 = time.perf_counter()

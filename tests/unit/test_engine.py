@@ -1,6 +1,8 @@
 """The embedded JAX engine: parity with transformers, learner log-probs, seeds, stops, buckets, weight updates."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -301,10 +303,22 @@ def test_weight_update_between_chunks_labels_every_result(ckpt):
     before = engine.generate([prompt], sp)[0]
     assert before.weight_version == "a" and before.weight_versions == ("a",)
     new = jax.tree.map(lambda x: x * 1.5, engine.params)
-    seen = threading.Event()
-    fut = engine.submit(prompt, sp, 0, on_update=lambda u: seen.set())
+    seen, go = threading.Event(), threading.Event()
+
+    def hold_first_chunk(u) -> None:  # on the loop's thread: the request stays mid-generation until the update waits
+        if not seen.is_set():
+            seen.set()
+            assert go.wait(120)
+
+    fut = engine.submit(prompt, sp, 0, on_update=hold_first_chunk)
     assert seen.wait(120)
-    engine.update_weights(new, "b")  # `new` built before submitting: on a loaded host that took the whole generation
+    updater = threading.Thread(target=engine.update_weights, args=(new, "b"))
+    updater.start()
+    deadline = time.monotonic() + 120
+    while engine._loop._pausers == 0 and time.monotonic() < deadline:  # the update is queued at the chunk boundary
+        time.sleep(0.01)
+    go.set()
+    updater.join(120)
     res = fut.result(120)
     assert res.weight_version == "a" and res.weight_versions == ("a", "b")
     n = next(i for i, (x, y) in enumerate(zip(res.token_ids, before.token_ids)) if x != y)  # the new weights took over
