@@ -547,7 +547,7 @@ class SlotLoop:
         self._wake = threading.Event()
         self._gate = threading.Lock()  # held by the loop while it works; pause() takes it
         # Threads waiting in `paused()`: the loop lets them in before it takes the gate again (a Lock is not
-        # fair: on a loaded host the loop re-took it chunk after chunk and a weight update waited out the run).
+        # fair: the loop could re-take it chunk after chunk while a weight update waited).
         self._pausers = 0
         self._pausers_cv = threading.Condition()
         self._life = threading.Lock()  # guards starting and ending the thread
