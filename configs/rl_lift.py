@@ -16,9 +16,9 @@ demonstrations in 1,024 worlds of no split, then RL in fresh worlds; docs/experi
 CARE vs vanilla there (`--algos care,vanilla --until 20`): accuracy kept, no length cut, at most 9.2% possible
 (the successes are their tool calls); `--config.context.reasoning=full` gives a start that reasons, but the
 4.2M planner's reasoning refresh breaks it (dev 33.3%; docs/experiments.md "A start that reasons"). At that start's
-competence (~0.4) the schedule below keeps lambda near 0.1; `--config.rl.lambda_max=1.0 --config.rl.c_lo=0.0
---config.rl.c_hi=0.5` engages the length term (18% fewer output tokens than vanilla at step 40, accuracy kept).
-CARE's -25% claim needs a planner that reasons well (configs/rl_lift_gpu.py).
+competence (~0.4) the schedule below keeps lambda near 0.1; configs/rl_lift_think.py (this recipe with the reasoning
+refresh and lambda 0 -> 1 over competence 0 -> 0.5) engages the length term (18% fewer output tokens than vanilla at
+step 40, accuracy kept, seed 0). CARE's -25% claim needs a planner that reasons well (configs/rl_lift_gpu.py).
 """
 import os
 

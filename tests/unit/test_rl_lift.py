@@ -189,3 +189,18 @@ def test_turn_split_and_the_length_floor_in_the_verdicts():
     assert v == ["length floor (the arms' start): of the successful episodes' 14.5 output tokens 5.0 are tool calls and 1.5 reasoning, "
                  "the shortest reply has 6: a length term can cut successes by at most 24.1% without dropping a tool call"]
     assert lift.length_floor([{**split, "shortest_reply": None}]) is None  # a point without the split: no floor claimed
+
+
+def test_the_reasoning_config_engages_care_and_leaves_vanilla_plain():
+    """configs/rl_lift_think.py is configs/rl_lift.py with a reasoning refresh and CARE's length term on from
+    competence 0; the vanilla arm of the same workdir has no length term, so one command runs both arms."""
+    from mpa_jax.rl.care import check_rl_config, lambda_schedule
+
+    base, think = load_config_file("configs/rl_lift.py"), load_config_file("configs/rl_lift_think.py")
+    assert (think.context.reasoning, think.lift.refresh_steps, think.rl.select_worlds) == ("full", 300, 256)
+    care, vanilla = lift._arm_config(think, "care", 1), lift._arm_config(think, "vanilla", 1)
+    check_rl_config(care.rl)
+    assert float(lambda_schedule(0.4, care.rl)) > 0.75 > float(lambda_schedule(0.4, base.rl))  # this start's competence
+    assert (vanilla.rl.lambda_max, vanilla.rl.beta, vanilla.seed) == (0.0, 0.0, 1)
+    for key in ("steps", "tasks_per_step", "group_size", "lr", "selection"):  # the same budget as the recipe
+        assert think.rl[key] == base.rl[key], key
