@@ -9,7 +9,8 @@ for CARE's length term to have something to cut and to act on it.
   recipe's schedule, 0.3 -> 0.8 up to 0.5, averaged lambda 0.11 here). The vanilla arm ignores these keys (lambda 0, beta 0).
 
 Both arms of a seed share the refresh, the seeds' tasks and the evaluation; one workdir holds them all, and the command
-above resumes and regenerates `table.md` and `rl_lift.png`. Figures: docs/experiments.md "A start that reasons".
+above resumes and regenerates `table.md` and `rl_lift.png`. Measured at step 20, 2 seeds: CARE 47.2% vs vanilla 42.4%,
+output tokens -13.5% (docs/experiments.md "A start that reasons").
 """
 import os
 
