@@ -6,7 +6,7 @@ for CARE's length term to have something to cut and to act on it.
 - a world-general refresh of the starter on demonstrations with the oracle's `<think>` sentences (300 SFT steps, 1,024
   worlds of no split; ~62 tokens of reasoning per episode for RL to price), then RL on fresh instances in 256 worlds;
 - CARE's length term engaged at this start's competence (~0.4): lambda 0 at competence 0 up to lambda_max 1 at 0.5 (the
-  recipe's schedule, 0.3 -> 0.8 up to 0.5, averaged lambda 0.11 here). The vanilla arm ignores these keys (lambda 0, beta 0).
+  recipe's schedule, up to 0.5 over competence 0.3 -> 0.8, averaged lambda 0.11 here). The vanilla arm ignores these keys (lambda 0, beta 0).
 
 Both arms of a seed share the refresh, the seeds' tasks and the evaluation; one workdir holds them all, and the command
 above resumes and regenerates `table.md` and `rl_lift.png`. Measured at step 20, 2 seeds: CARE 47.2% vs vanilla 42.4%,
