@@ -9,7 +9,8 @@ CARE (`cfg.algo == "care"`), per rollout i of group g (one task) and competence 
     a_i   = 0                           if the group's rewards have no variance
 
 `cost_hat` is the cost z-scored against the *successful* rollouts of the same key in the batch and
-squashed into (-1, 1) (softsign), so long tasks are not punished for being long and, with
+squashed into (-1, 1) (softsign of `cost_sharpness` * z; sharper = nearer a sign, so a success a little
+longer than its peers already pays most of lambda), so long tasks are not punished for being long and, with
 `lambda_max <= 1`, every success keeps a reward > 0 = a failure's. Amplifying only positive success
 advantages and clipping with a strictly increasing function keep the order of advantages inside a
 group, which is what the invariants in `tests/unit/test_rl_care.py` pin:
@@ -47,6 +48,8 @@ def check_rl_config(cfg: Any) -> None:
         raise ValueError(f"config.rl.beta={cfg.beta} must be >= 0")
     if not float(cfg.adv_clip) > 0:
         raise ValueError(f"config.rl.adv_clip={cfg.adv_clip} must be > 0")
+    if not float(cfg.get("cost_sharpness", 1.0)) > 0:
+        raise ValueError(f"config.rl.cost_sharpness={cfg.cost_sharpness} must be > 0")
     if float(cfg.tool_call_cost) < 0:
         raise ValueError(f"config.rl.tool_call_cost={cfg.tool_call_cost} must be >= 0")
     a = float(cfg.competence_ema)
@@ -73,8 +76,9 @@ def rollout_cost(output_tokens: np.ndarray, tool_calls: np.ndarray, cfg: Any) ->
     return np.asarray(output_tokens, np.float64) + float(cfg.tool_call_cost) * np.asarray(tool_calls, np.float64)
 
 
-def normalised_cost(success: np.ndarray, cost: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """cost_hat in (-1, 1): z-score against the successful rollouts of the same key, softsign-squashed.
+def normalised_cost(success: np.ndarray, cost: np.ndarray, key: np.ndarray, sharpness: float = 1.0) -> np.ndarray:
+    """cost_hat in (-1, 1): z-score against the successful rollouts of the same key, times `sharpness`,
+    softsign-squashed.
 
     Zero for failures and for keys whose successes all cost the same.
     """
@@ -85,7 +89,7 @@ def normalised_cost(success: np.ndarray, cost: np.ndarray, key: np.ndarray) -> n
         std = c.std()
         if std <= 0:
             continue
-        z = (c - c.mean()) / std
+        z = sharpness * (c - c.mean()) / std
         out[sel] = z / (1.0 + np.abs(z))
     return out
 
@@ -114,7 +118,8 @@ def rewards(*, success, cost, key, competence, cfg: Any) -> np.ndarray:
     if str(cfg.algo) == "vanilla":
         return r
     lam = lambda_schedule(competence, cfg)
-    return np.where(success, 1.0 - lam * normalised_cost(success, cost, key), 0.0)
+    cost_hat = normalised_cost(success, cost, key, float(cfg.get("cost_sharpness", 1.0)))
+    return np.where(success, 1.0 - lam * cost_hat, 0.0)
 
 
 def advantages(*, success, cost, group, key, competence, cfg: Any) -> np.ndarray:

@@ -42,10 +42,10 @@ def batches(draw, distinct_costs: bool = False):
 
 
 cfgs = st.builds(
-    lambda algo, lam, lo, width, beta, clip, neg: rl_cfg(algo=algo, lambda_max=lam, c_lo=lo, c_hi=min(1.0, lo + width), beta=beta,
-                                                         adv_clip=clip, negative_scale=neg),
+    lambda algo, lam, lo, width, beta, clip, neg, sharp: rl_cfg(algo=algo, lambda_max=lam, c_lo=lo, c_hi=min(1.0, lo + width), beta=beta,
+                                                                adv_clip=clip, negative_scale=neg, cost_sharpness=sharp),
     st.sampled_from(["care", "vanilla"]), st.floats(0.0, 1.0), st.floats(0.0, 0.8), st.floats(0.05, 0.5),
-    st.floats(0.0, 3.0), st.floats(0.5, 10.0), st.sampled_from([1.0, 0.5, 0.0]),
+    st.floats(0.0, 3.0), st.floats(0.5, 10.0), st.sampled_from([1.0, 0.5, 0.0]), st.sampled_from([1.0, 0.25, 3.0, 20.0]),
 )
 
 
@@ -123,6 +123,13 @@ def test_cost_normalised_within_key_over_successes_only():
     np.testing.assert_allclose(ch, [-0.5, 0.5, -0.5, 0.5, 0.0])
     r = care.rewards(success=success, cost=cost, key=key, competence=np.ones(5), cfg=cfg)
     np.testing.assert_allclose(r, [1.5, 0.5, 1.5, 0.5, 0.0])
+    # sharpness 3: z = +-1 becomes +-3 before the softsign, so the same successes pay 3/4 of lambda, not 1/2
+    np.testing.assert_allclose(care.normalised_cost(success, cost, key, 3.0), [-0.75, 0.75, -0.75, 0.75, 0.0])
+    r3 = care.rewards(success=success, cost=cost, key=key, competence=np.ones(5), cfg=rl_cfg(
+        lambda_max=1.0, c_lo=0.0, c_hi=0.5, cost_sharpness=3.0))
+    np.testing.assert_allclose(r3, [1.75, 0.25, 1.75, 0.25, 0.0])
+    with pytest.raises(ValueError, match="cost_sharpness"):
+        care.check_rl_config(rl_cfg(cost_sharpness=0.0))
 
 
 def test_negative_scale_damps_failures_only():
