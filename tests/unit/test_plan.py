@@ -56,7 +56,6 @@ def test_plan_cli_prints_bytes_flops_and_fits_without_allocating(tmp_path, capsy
     p = json.loads(capsys.readouterr().out)
     known = {id(a) for a in before}
     assert [a.shape for a in jax.live_arrays() if id(a) not in known] == []  # nothing was allocated
-    del before
     assert p["mesh"] == {"data": 1, "fsdp": 32, "tensor": 2, "expert": 1}
     assert 26.5e9 < p["param_count"] < 27.5e9
     assert abs(p["optimizer"] - 2 * p["params"]) < 2**20 and p["grads"] == p["params"]  # Adam: two moments (+ step counts)
