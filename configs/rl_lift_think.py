@@ -12,7 +12,9 @@ Both arms of a seed share the refresh, the seeds' tasks and the evaluation; one 
 above resumes and regenerates `table.md` and `rl_lift.png`. Measured at step 20, 2 seeds: CARE 47.2% vs vanilla 42.4%,
 output tokens -13.5% (docs/experiments.md "A start that reasons"); a sharper cost squash
 (--config.rl.cost_sharpness=3.0 --config.rl.c_hi=0.25): 46.9% vs 42.4%, -17.3% at step 20 (2 seeds), but seed 0 at step
-40 only -5.6% at equal accuracy (failures whose turns loop up to the 128-token cap; no reward here prices them).
+40 only -5.6% at equal accuracy (failures whose turns loop up to the 128-token cap; no reward here prices them). Adding
+an opt-in price on failures' length (--config.rl.failure_cost=1.0, beyond DESIGN §6; mpa_jax/rl/care.py): 49.3% vs
+42.4%, -23.3% at step 20 (2 seeds; docs/experiments.md "Pricing the failures' length too").
 """
 import os
 

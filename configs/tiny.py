@@ -166,6 +166,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.adv_clip = 5.0  # advantages are squashed into (-adv_clip, adv_clip) (tanh: keeps their order)
     c.rl.tool_call_cost = 10.0  # cost of a tool call, in output tokens
     c.rl.cost_sharpness = 1.0  # cost_hat = softsign(sharpness * z): > 1 prices a success a little above its peers' mean harder
+    c.rl.failure_cost = 0.0  # > 0: in a group with a success, a failure pays up to this x lambda for its length (care.py)
     c.rl.competence_ema = 0.1  # per-rollout EMA rate of the competence table
     c.rl.competence_init = 0.0
     c.rl.steps = 20

@@ -8,6 +8,12 @@ CARE (`cfg.algo == "care"`), per rollout i of group g (one task) and competence 
     a_i   = adv_clip * tanh(a_i / adv_clip)                             clipped (smoothly)
     a_i   = 0                           if the group's rewards have no variance
 
+Opt-in failure term (`failure_cost` f > 0; default 0, DESIGN §6's maths exactly): in a group that has a
+success, a failure gets r_i = -f * lambda(c_k) * (1 + fail_hat_i) / 2 in (-f lambda, 0], fail_hat the same
+squashed z-score against the *failed* rollouts of the key, so a failure that loops or wanders costs more than
+one that ends short, and still ranks below every success. A group without a success gets no failure term (its
+rewards stay equal: nothing to learn, and an incompetent key is not taught to fail fast).
+
 `cost_hat` is the cost z-scored against the *successful* rollouts of the same key in the batch and
 squashed into (-1, 1) (softsign of `cost_sharpness` * z; sharper = nearer a sign, so a success a little
 longer than its peers already pays most of lambda), so long tasks are not punished for being long and, with
@@ -50,6 +56,8 @@ def check_rl_config(cfg: Any) -> None:
         raise ValueError(f"config.rl.adv_clip={cfg.adv_clip} must be > 0")
     if not float(cfg.get("cost_sharpness", 1.0)) > 0:
         raise ValueError(f"config.rl.cost_sharpness={cfg.cost_sharpness} must be > 0")
+    if not float(cfg.get("failure_cost", 0.0)) >= 0:
+        raise ValueError(f"config.rl.failure_cost={cfg.failure_cost} must be >= 0")
     if float(cfg.tool_call_cost) < 0:
         raise ValueError(f"config.rl.tool_call_cost={cfg.tool_call_cost} must be >= 0")
     a = float(cfg.competence_ema)
@@ -77,10 +85,10 @@ def rollout_cost(output_tokens: np.ndarray, tool_calls: np.ndarray, cfg: Any) ->
 
 
 def normalised_cost(success: np.ndarray, cost: np.ndarray, key: np.ndarray, sharpness: float = 1.0) -> np.ndarray:
-    """cost_hat in (-1, 1): z-score against the successful rollouts of the same key, times `sharpness`,
-    softsign-squashed.
+    """cost_hat in (-1, 1): z-score against the rollouts of the same key that `success` selects (the
+    successes; the failures for the failure term), times `sharpness`, softsign-squashed.
 
-    Zero for failures and for keys whose successes all cost the same.
+    Zero outside the selection and for keys whose selected rollouts all cost the same.
     """
     out = np.zeros(cost.shape, np.float64)
     for k in np.unique(key[success]):
@@ -111,15 +119,23 @@ def _check_inputs(success, cost, group, key, competence) -> tuple[np.ndarray, ..
     return tuple(arrays)
 
 
-def rewards(*, success, cost, key, competence, cfg: Any) -> np.ndarray:
-    """The per-rollout reward (see the module docstring); vanilla: success as 0/1."""
-    success, cost, _, key, competence = _check_inputs(success, cost, np.zeros(len(success)), key, competence)
+def rewards(*, success, cost, key, competence, cfg: Any, group=None) -> np.ndarray:
+    """The per-rollout reward (see the module docstring); vanilla: success as 0/1. `group` (default: one
+    group) decides where the opt-in failure term applies: only in groups that have a success."""
+    group = np.zeros(len(success)) if group is None else group
+    success, cost, group, key, competence = _check_inputs(success, cost, group, key, competence)
     r = success.astype(np.float64)
     if str(cfg.algo) == "vanilla":
         return r
     lam = lambda_schedule(competence, cfg)
-    cost_hat = normalised_cost(success, cost, key, float(cfg.get("cost_sharpness", 1.0)))
-    return np.where(success, 1.0 - lam * cost_hat, 0.0)
+    sharp = float(cfg.get("cost_sharpness", 1.0))
+    r = np.where(success, 1.0 - lam * normalised_cost(success, cost, key, sharp), 0.0)
+    f = float(cfg.get("failure_cost", 0.0))
+    if f > 0:
+        priced = ~success & np.isin(group, group[success])
+        fail_hat = normalised_cost(~success, cost, key, sharp)
+        r = np.where(priced, -f * lam * (1.0 + fail_hat) / 2.0, r)
+    return r
 
 
 def advantages(*, success, cost, group, key, competence, cfg: Any) -> np.ndarray:
@@ -127,7 +143,7 @@ def advantages(*, success, cost, group, key, competence, cfg: Any) -> np.ndarray
     check_rl_config(cfg)
     success, cost, group, key, competence = _check_inputs(success, cost, group, key, competence)
     care = str(cfg.algo) == "care"
-    r = rewards(success=success, cost=cost, key=key, competence=competence, cfg=cfg)
+    r = rewards(success=success, cost=cost, key=key, competence=competence, cfg=cfg, group=group)
     neg_scale = float(cfg.get("negative_scale", 1.0))
     adv = np.zeros(r.shape, np.float64)
     for g in np.unique(group):

@@ -42,10 +42,12 @@ def batches(draw, distinct_costs: bool = False):
 
 
 cfgs = st.builds(
-    lambda algo, lam, lo, width, beta, clip, neg, sharp: rl_cfg(algo=algo, lambda_max=lam, c_lo=lo, c_hi=min(1.0, lo + width), beta=beta,
-                                                                adv_clip=clip, negative_scale=neg, cost_sharpness=sharp),
+    lambda algo, lam, lo, width, beta, clip, neg, sharp, fail: rl_cfg(
+        algo=algo, lambda_max=lam, c_lo=lo, c_hi=min(1.0, lo + width), beta=beta, adv_clip=clip, negative_scale=neg,
+        cost_sharpness=sharp, failure_cost=fail),
     st.sampled_from(["care", "vanilla"]), st.floats(0.0, 1.0), st.floats(0.0, 0.8), st.floats(0.05, 0.5),
     st.floats(0.0, 3.0), st.floats(0.5, 10.0), st.sampled_from([1.0, 0.5, 0.0]), st.sampled_from([1.0, 0.25, 3.0, 20.0]),
+    st.sampled_from([0.0, 0.0, 1.0, 3.0]),
 )
 
 
@@ -100,6 +102,42 @@ def test_care_above_c_hi_prefers_the_cheaper_success(b, cfg, lam):
         c, a = b["cost"][sel], adv[sel]
         order = np.argsort(c)
         assert np.all(np.diff(a[order]) < 0), (c[order], a[order])
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(distinct_costs=True), cfgs, st.floats(0.05, 1.0), st.floats(0.1, 3.0))
+def test_failure_term_prices_the_costlier_failure_only_beside_a_success(b, cfg, lam, fail):
+    cfg.algo, cfg.lambda_max, cfg.failure_cost = "care", lam, fail
+    b = dict(b, competence=np.clip(float(cfg.c_hi) + b["competence"] * (1 - float(cfg.c_hi)), float(cfg.c_hi), 1.0))
+    r = care.rewards(**{k: v for k, v in b.items()}, cfg=cfg)
+    adv = care.advantages(**b, cfg=cfg)
+    for g in np.unique(b["group"]):
+        sel = b["group"] == g
+        s = b["success"][sel]
+        if not s.any():  # nothing to learn beside: no failure term, rewards equal
+            assert np.all(r[sel] == 0) and np.all(adv[sel] == 0)
+            continue
+        assert np.all(r[sel][~s] <= 0) and np.all(r[sel][~s] >= -fail * lam)
+        fsel = sel & ~b["success"]
+        if fsel.sum() >= 2:
+            order = np.argsort(b["cost"][fsel])
+            assert np.all(np.diff(adv[fsel][order]) <= 0)
+            if float(cfg.negative_scale) > 0:  # (0 pulls every failure onto one anchor)
+                assert adv[fsel][order][0] > adv[fsel][order][-1]  # the costliest failure strictly below the cheapest
+
+
+def test_failure_term_worked_example():
+    # one group: a success (cost 10) and two failures (cost 100 and 300, the key's only failures: z = -+1)
+    b = dict(success=np.array([True, False, False]), cost=np.array([10.0, 100.0, 300.0]), key=np.zeros(3, int),
+             competence=np.ones(3))
+    cfg = rl_cfg(lambda_max=1.0, c_lo=0.0, c_hi=0.5, cost_sharpness=3.0, failure_cost=1.0)
+    # fail_hat = softsign(3 * -+1) = -+0.75: r = -(1 -+ 0.75) / 2
+    np.testing.assert_allclose(care.rewards(**b, group=np.zeros(3), cfg=cfg), [1.0, -0.125, -0.875])
+    # the same failures in a group of their own get no term; vanilla never has one
+    np.testing.assert_allclose(care.rewards(**b, group=np.array([0, 1, 1]), cfg=cfg), [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(care.rewards(**b, group=np.zeros(3), cfg=rl_cfg(algo="vanilla", failure_cost=1.0)), [1, 0, 0])
+    with pytest.raises(ValueError, match="failure_cost"):
+        care.check_rl_config(rl_cfg(failure_cost=-0.5))
 
 
 def test_lambda_schedule_and_hard_key_amplification():
