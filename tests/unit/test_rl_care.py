@@ -109,7 +109,7 @@ def test_care_above_c_hi_prefers_the_cheaper_success(b, cfg, lam):
 def test_failure_term_prices_the_costlier_failure_only_beside_a_success(b, cfg, lam, fail):
     cfg.algo, cfg.lambda_max, cfg.failure_cost = "care", lam, fail
     b = dict(b, competence=np.clip(float(cfg.c_hi) + b["competence"] * (1 - float(cfg.c_hi)), float(cfg.c_hi), 1.0))
-    r = care.rewards(**{k: v for k, v in b.items()}, cfg=cfg)
+    r = care.rewards(**b, cfg=cfg)
     adv = care.advantages(**b, cfg=cfg)
     for g in np.unique(b["group"]):
         sel = b["group"] == g
