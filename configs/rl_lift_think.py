@@ -14,8 +14,8 @@ output tokens -13.5% (docs/experiments.md "A start that reasons"); a sharper cos
 (--config.rl.cost_sharpness=3.0 --config.rl.c_hi=0.25): 46.9% vs 42.4%, -17.3% at step 20 (2 seeds), but seed 0 at step
 40 only -5.6% at equal accuracy (failures whose turns loop up to the 128-token cap; no reward here prices them). Adding
 an opt-in price on failures' length (--config.rl.failure_cost=1.0, beyond DESIGN §6; mpa_jax/rl/care.py): 49.3% vs
-42.4%, -23.3% at step 20 (2 seeds), 57.6% vs 48.6%, -26.3% at step 40 (seed 0; docs/experiments.md "Pricing the
-failures' length too"); twice that (failure_cost=2.0) does worse on both counts: 34.7%, -13.2% at step 20.
+42.4%, -23.3% at step 20 (2 seeds), 54.2% vs 46.9%, -26.8% at step 40 (2 seeds; docs/experiments.md "Both seeds to
+step 40", whose command regenerates that table); twice that (failure_cost=2.0) does worse on both counts: 34.7%, -13.2% at step 20.
 """
 import os
 
