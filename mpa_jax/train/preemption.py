@@ -1,0 +1,75 @@
+"""Graceful interrupts for training loops: SIGINT / SIGTERM ask for a save at the next step boundary.
+
+TPU pods and spot GPUs send SIGTERM shortly before preemption; a user presses Ctrl-C. Either way the
+loop should finish the step it is in, save a checkpoint, and exit with one line. A second signal exits
+at once (the user means it).
+
+    with Preemption() as pre:
+        for step in ...:
+            ...one step...
+            if pre.requested:
+                save(step); print(pre.message(step)); break
+
+No jax: usable from any loop. Handlers are installed only in the main thread (Python's rule) and the
+previous handlers come back on exit.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Preemption:
+    """Context manager: `requested` turns true on the first SIGINT/SIGTERM; the second exits at once."""
+
+    def __init__(self, signals: tuple[int, ...] = _SIGNALS, exit_code: int = 130):
+        self._signals = signals
+        self._exit_code = exit_code
+        self._previous: dict[int, Any] = {}
+        self.signal_name: str | None = None
+        self._event = threading.Event()
+
+    @property
+    def requested(self) -> bool:
+        """True once a signal asked the loop to stop at its next step boundary."""
+        return self._event.is_set()
+
+    def request(self, name: str = "request") -> None:
+        """Ask for a stop as a signal would (for callers that stop for their own reasons, and tests)."""
+        self.signal_name = self.signal_name or name
+        self._event.set()
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self._event.is_set():
+            # Second signal: the user does not want to wait for the save.
+            sys.stderr.write(f"\n{name} again: exiting now without saving\n")
+            sys.stderr.flush()
+            os._exit(self._exit_code)
+        self.signal_name = name
+        self._event.set()
+        sys.stderr.write(f"\n{name}: stopping at the next step boundary to save a checkpoint "
+                         f"(send it again to exit at once)\n")
+        sys.stderr.flush()
+
+    def message(self, step: int, where: str = "") -> str:
+        """The one line printed when the loop stopped for a signal."""
+        at = f" in {where}" if where else ""
+        return f"interrupted ({self.signal_name}): saved step {step}{at}; run the same command again to resume"
+
+    def __enter__(self) -> "Preemption":
+        if threading.current_thread() is threading.main_thread():
+            for s in self._signals:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        self._previous.clear()
