@@ -83,6 +83,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.sft.export = False  # write <workdir>/hf (Hugging Face) at the end
     c.sft.export_dtype = "bfloat16"
 
+    # Progress of long jobs (SFT, evaluation): a rich bar on a terminal, else a plain line every `every_s` seconds.
+    c.progress = ml_collections.ConfigDict()
+    c.progress.every_s = 30.0  # plain log lines (nohup, CI, a redirect): one per period
+    c.progress.first_s = 5.0  # the first plain line comes this soon after the loop starts
+
     # Checkpoints.
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 30  # steps; the last step is always saved

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import math
 import os
+import sys
 import time
 from typing import Any, Callable, Mapping
 
@@ -27,6 +28,8 @@ from mpa_jax.train import metrics as mlib
 from mpa_jax.train import optimizer as optlib
 from mpa_jax.train import state as statelib
 from mpa_jax.train import step as steplib
+from mpa_jax.train.preemption import Interrupted, Preemption
+from mpa_jax.train.progress import Progress
 
 
 @dataclasses.dataclass
@@ -144,6 +147,7 @@ def run_sft(
     if micro <= 0 or num_rows % micro:
         raise ValueError(f"sft.batch_size={num_rows} must be a positive multiple of sft.micro_batches={micro}")
     is_main = jax.process_index() == 0
+    prog = Progress("sft", stop_at, section=config.progress, enabled=progress and is_main)
 
     cfg, init_from = models.run_model_config(config)
     rules = sharding.rules_from_config(config)
@@ -156,15 +160,19 @@ def run_sft(
             f" data-parallel devices ({sharding.describe(mesh)})"
         )
 
-    data = sft_data.load_sft_data(
-        data_path,
-        seq_len=seq_len,
-        num_rows=num_rows,
-        local_rows=_local_rows(row_shard, num_rows, seq_len),
-        seed=int(config.seed),
-        eval_fraction=float(sft.eval_fraction),
-        only_success=bool(sft.only_success),
-    )
+    with prog.phase(f"building the data from {data_path}"):
+        data = sft_data.load_sft_data(
+            data_path,
+            seq_len=seq_len,
+            num_rows=num_rows,
+            local_rows=_local_rows(row_shard, num_rows, seq_len),
+            seed=int(config.seed),
+            eval_fraction=float(sft.eval_fraction),
+            only_success=bool(sft.only_success),
+        )
+    report = data_report(data.stats, seq_len, bool(sft.only_success))
+    if report:
+        prog.log(f"sft: {report}")
     optimizer, _ = optlib.optimizer_from_config(sft)
     p_shardings = sharding.param_shardings(cfg, mesh, rules)
     family = models.registry.family_module(cfg.family)
@@ -181,111 +189,136 @@ def run_sft(
         ck_dir, every=int(config.checkpoint.every), keep=int(config.checkpoint.keep),
         async_save=bool(config.checkpoint.async_save), meta=meta,
     )
-    try:
-        latest = checkpointer.latest_step()
-        resumed_from = None
-        if latest is not None:
-            abstract = statelib.abstract_state(params_shape, optimizer, st_shardings)
-            abstract_pos = jax.ShapeDtypeStruct((num_rows, 2), jnp.int32, sharding=row_shard)
-            state, pos = checkpointer.restore(latest, abstract, abstract_pos)
-            data.train.set_positions({r: tuple(int(x) for x in v) for r, v in ckpt.local_rows(pos).items()})
-            resumed_from = latest
-        elif init_from:
-            params = models.hf_io.load_params(init_from, cfg, mesh, rules)
-            state = statelib.state_from_params(params, optimizer, int(config.seed), st_shardings)
-        else:
-            state = statelib.create_sharded_state(lambda r: family.init_params(cfg, r), optimizer, int(config.seed), st_shardings)
-
-        step_fn, eval_fn = _compiled_fns(cfg, int(config.model.logprob_chunk), _opt_key(sft), micro, mesh, rules)
-        eval_batches = [_global_batch(b, row_shard, num_rows, seq_len) for b in data.eval_batches(int(sft.eval_batches))] if data.has_eval else []
-
-        def evaluate(params: Any) -> float | None:
-            if not eval_batches:
-                return None
-            tot, cnt = 0.0, 0.0
-            for b in eval_batches:
-                s, c = eval_fn(params, b)
-                tot, cnt = tot + float(s), cnt + float(c)
-            return tot / max(cnt, 1.0)
-
-        writer = mlib.MetricsWriter(workdir)
-        n_params = statelib.param_count(params_shape)
-        flops_tok = mlib.train_flops_per_token(n_params, cfg.num_hidden_layers, seq_len, cfg.num_attention_heads * cfg.head_dim)
-        peak = mlib.peak_flops_per_device(override=float(sft.peak_flops))
-        baseline = unigram_loss(data, cfg.vocab_size)
-        if is_main and resumed_from is None:
-            writer.write(0, {"unigram_loss": baseline, "params": float(n_params), "train_examples": float(data.stats.train_lines),
-                             "truncated": float(data.stats.truncated), "dropped": float(data.stats.dropped_infra + data.stats.dropped_failed + data.stats.dropped_no_loss)},
-                         prefix="data/")
-
-        start = int(jax.device_get(state.step))
-        log_every, eval_every = max(1, int(sft.log_every)), int(sft.eval_every)
-        last: dict[str, Any] = {}
-        losses: list[float] = []
-        window_tokens, window_t0 = 0.0, time.perf_counter()
-        window: list[Mapping[str, jax.Array]] = []
-        bad_streak, max_bad = 0, int(sft.max_bad_updates)
-        bar = _progress(progress and is_main, start, stop_at)
+    # Signals from here on ask for a save at the next step boundary (a second one exits at once).
+    with Preemption() as pre:
         try:
-            for step in range(start, stop_at):
-                rows = data.train.next_local()
-                batch = _global_batch(rows, row_shard, num_rows, seq_len)
-                real = sum(int((r["segment_ids"] > 0).sum()) for r in rows.values()) * jax.process_count()
-                state, m = step_fn(state, batch)
-                window.append(m)  # device arrays: no host sync until the log step
-                window_tokens += real
-                done = step + 1
-                if done % log_every == 0 or done == stop_at:
-                    vals, flags = _window_mean(window)
-                    window = []
-                    for flag in flags:  # a non-finite step left the weights as they were (train.step)
-                        bad_streak = bad_streak + 1 if flag else 0
-                        if bad_streak >= max_bad:
-                            writer.write(done, vals, prefix="train/")
-                            raise SFTDiverged(f"{bad_streak} SFT steps in a row had a non-finite loss, gradient norm or update "
-                                              f"(config.sft.max_bad_updates={max_bad}); stopped at step {done}; last good "
-                                              f"checkpoint: {_last_good(checkpointer, ck_dir)}")
-                    elapsed = max(time.perf_counter() - window_t0, 1e-9)
-                    tps = window_tokens / elapsed
-                    # tokens_per_s counts every packed token (the step's work); tokens counts the trained ones
-                    vals.update(tokens_per_s=tps, row_tokens=window_tokens, seconds=elapsed,
-                                mfu=mlib.mfu(tps, flops_tok, jax.device_count(), peak))
-                    window_tokens, window_t0 = 0.0, time.perf_counter()
-                    writer.write(done, vals, prefix="train/")
-                    last = {"step": done, **vals}
-                    losses.append(vals["loss"])
-                    if bar is not None:
-                        bar.update(done, vals["loss"])
-                if eval_every > 0 and done % eval_every == 0 and done != stop_at:
-                    eval_t0 = time.perf_counter()
-                    ev = evaluate(state.params)
-                    extra = dict(on_eval(done, state.params)) if on_eval is not None else {}
-                    if ev is not None or extra:
-                        writer.write(done, {**({"loss": ev} if ev is not None else {}), **extra}, prefix="eval/")
-                    window_t0 += time.perf_counter() - eval_t0  # train windows time training, not evaluations
-                final = done == stop_at
-                if checkpointer.due(done, force=final) and not float(jax.device_get(m["nonfinite"])):
-                    if checkpointer.save(done, state, _positions_array(data.train.positions(), row_shard, num_rows), force=final):
-                        if on_save_started is not None:
-                            on_save_started(done)
-            eval_loss = evaluate(state.params)
-            extra = dict(on_eval(stop_at, state.params)) if on_eval is not None else {}
-            if eval_loss is not None or extra:
-                writer.write(stop_at, {**({"loss": eval_loss} if eval_loss is not None else {}), **extra}, prefix="eval/")
-            checkpointer.wait()
+            latest = checkpointer.latest_step()
+            resumed_from = None
+            if latest is not None:
+                with prog.phase(f"restoring checkpoint step {latest} from {ck_dir}"):
+                    abstract = statelib.abstract_state(params_shape, optimizer, st_shardings)
+                    abstract_pos = jax.ShapeDtypeStruct((num_rows, 2), jnp.int32, sharding=row_shard)
+                    state, pos = checkpointer.restore(latest, abstract, abstract_pos)
+                    data.train.set_positions({r: tuple(int(x) for x in v) for r, v in ckpt.local_rows(pos).items()})
+                resumed_from = latest
+            elif init_from:
+                with prog.phase(f"loading the weights of {init_from}"):
+                    params = models.hf_io.load_params(init_from, cfg, mesh, rules)
+                    state = statelib.state_from_params(params, optimizer, int(config.seed), st_shardings)
+            else:
+                with prog.phase("initialising the parameters"):
+                    state = statelib.create_sharded_state(lambda r: family.init_params(cfg, r), optimizer, int(config.seed), st_shardings)
+            start = int(jax.device_get(state.step))
+            if start >= stop_at:
+                return _already_complete(config, workdir, data, start, stop_at, resumed_from, ck_dir, export, prog)
+
+            step_fn, eval_fn = _compiled_fns(cfg, int(config.model.logprob_chunk), _opt_key(sft), micro, mesh, rules)
+            eval_batches = [_global_batch(b, row_shard, num_rows, seq_len) for b in data.eval_batches(int(sft.eval_batches))] if data.has_eval else []
+
+            def evaluate(params: Any) -> float | None:
+                if not eval_batches:
+                    return None
+                tot, cnt = 0.0, 0.0
+                for b in eval_batches:
+                    s, c = eval_fn(params, b)
+                    tot, cnt = tot + float(s), cnt + float(c)
+                return tot / max(cnt, 1.0)
+
+            # A resumed run rewrites the steps after its checkpoint: the JSONL and TensorBoard drop the old ones.
+            writer = mlib.MetricsWriter(workdir, keep_through=-1 if resumed_from is None else resumed_from)
+            n_params = statelib.param_count(params_shape)
+            flops_tok = mlib.train_flops_per_token(n_params, cfg.num_hidden_layers, seq_len, cfg.num_attention_heads * cfg.head_dim)
+            peak = mlib.peak_flops_per_device(override=float(sft.peak_flops))
+            baseline = unigram_loss(data, cfg.vocab_size)
+            if is_main and resumed_from is None:
+                writer.write(0, {"unigram_loss": baseline, "params": float(n_params), "train_examples": float(data.stats.train_lines),
+                                 "truncated": float(data.stats.truncated), "dropped": float(_dropped(data.stats))},
+                             prefix="data/")
+
+            log_every, eval_every = max(1, int(sft.log_every)), int(sft.eval_every)
+            last: dict[str, Any] = {}
+            losses: list[float] = []
+            window_tokens, window_t0 = 0.0, time.perf_counter()
+            window: list[Mapping[str, jax.Array]] = []
+            bad_streak, max_bad = 0, int(sft.max_bad_updates)
+            prog.set_start(start)
+            interrupted: tuple[str, int | None] | None = None
+            try:
+                for step in range(start, stop_at):
+                    if _stop_requested(pre):
+                        interrupted = _interrupt(pre, checkpointer, step, step > start, state, data, row_shard, num_rows, ck_dir,
+                                                 writer, window, prog)
+                        break
+                    rows = data.train.next_local()
+                    batch = _global_batch(rows, row_shard, num_rows, seq_len)
+                    real = sum(int((r["segment_ids"] > 0).sum()) for r in rows.values()) * jax.process_count()
+                    if step == start:  # the first call compiles: name it while it runs, and keep it out of the rate
+                        with prog.phase("compiling the train step (and running step 1)"):
+                            state, m = step_fn(state, batch)
+                            jax.block_until_ready(m)
+                        window_t0 = time.perf_counter()
+                    else:
+                        state, m = step_fn(state, batch)
+                    window.append(m)  # device arrays: no host sync until the log step
+                    window_tokens += real
+                    done = step + 1
+                    if done % log_every == 0 or done == stop_at:
+                        vals, flags = _window_mean(window)
+                        window = []
+                        for flag in flags:  # a non-finite step left the weights as they were (train.step)
+                            bad_streak = bad_streak + 1 if flag else 0
+                            if bad_streak >= max_bad:
+                                writer.write(done, vals, prefix="train/")
+                                raise SFTDiverged(f"{bad_streak} SFT steps in a row had a non-finite loss, gradient norm or update "
+                                                  f"(config.sft.max_bad_updates={max_bad}); stopped at step {done}; last good "
+                                                  f"checkpoint: {_last_good(checkpointer, ck_dir)}")
+                        elapsed = max(time.perf_counter() - window_t0, 1e-9)
+                        tps = window_tokens / elapsed
+                        # tokens_per_s counts every packed token (the step's work); tokens counts the trained ones
+                        vals.update(tokens_per_s=tps, row_tokens=window_tokens, seconds=elapsed,
+                                    mfu=mlib.mfu(tps, flops_tok, jax.device_count(), peak))
+                        window_tokens, window_t0 = 0.0, time.perf_counter()
+                        writer.write(done, vals, prefix="train/")
+                        last = {"step": done, **vals}
+                        losses.append(vals["loss"])
+                        prog.update(done, loss=vals["loss"])
+                    else:
+                        prog.update(done)
+                    if eval_every > 0 and done % eval_every == 0 and done != stop_at:
+                        eval_t0 = time.perf_counter()
+                        ev = evaluate(state.params)
+                        extra = dict(on_eval(done, state.params)) if on_eval is not None else {}
+                        if ev is not None or extra:
+                            writer.write(done, {**({"loss": ev} if ev is not None else {}), **extra}, prefix="eval/")
+                        window_t0 += time.perf_counter() - eval_t0  # train windows time training, not evaluations
+                    final = done == stop_at
+                    if checkpointer.due(done, force=final) and not float(jax.device_get(m["nonfinite"])):
+                        if checkpointer.save(done, state, _positions_array(data.train.positions(), row_shard, num_rows), force=final):
+                            if on_save_started is not None:
+                                on_save_started(done)
+                if interrupted is None:
+                    eval_loss = evaluate(state.params)
+                    extra = dict(on_eval(stop_at, state.params)) if on_eval is not None else {}
+                    if eval_loss is not None or extra:
+                        writer.write(stop_at, {**({"loss": eval_loss} if eval_loss is not None else {}), **extra}, prefix="eval/")
+                checkpointer.wait()
+            finally:
+                prog.close()
+                writer.close()
         finally:
-            if bar is not None:
-                bar.close()
-            writer.close()
-    finally:
-        checkpointer.close()  # also on errors: no orbax threads left behind
+            checkpointer.close()  # also on errors: no orbax threads left behind
+        if interrupted is not None:
+            if is_main:
+                print(interrupted[0], file=sys.stderr, flush=True)
+            raise Interrupted(*interrupted)
 
     export_dir = None
     if export:
         from mpa_jax.export import export_checkpoint
 
-        export_dir = export_checkpoint(ck_dir, os.path.join(workdir, "hf"), dtype=str(sft.export_dtype),
-                                       tokenizer_dir=_tokenizer_dir(config, workdir))
+        with prog.phase(f"exporting the Hugging Face model to {os.path.join(workdir, 'hf')}"):
+            export_dir = export_checkpoint(ck_dir, os.path.join(workdir, "hf"), dtype=str(sft.export_dtype),
+                                           tokenizer_dir=_tokenizer_dir(config, workdir))
     return SFTResult(
         steps=stop_at,
         final_metrics=last,
@@ -297,6 +330,82 @@ def run_sft(
         export_dir=export_dir,
         resumed_from=resumed_from,
         losses=losses,
+        local_rows=sorted(data.train.streams),
+    )
+
+
+def _dropped(stats: sft_data.DataStats) -> int:
+    return stats.dropped_infra + stats.dropped_failed + stats.dropped_no_loss
+
+
+def data_report(stats: sft_data.DataStats, seq_len: int, only_success: bool) -> str:
+    """One line on the examples loading truncated or dropped, with the reasons ("" when none were)."""
+    parts = []
+    if stats.truncated:
+        parts.append(f"{stats.truncated} truncated to sft.seq_len={seq_len} tokens (their tails are not trained;"
+                     " raise config.sft.seq_len to keep them)")
+    reasons = [(stats.dropped_infra, "infra failures"),
+               (stats.dropped_failed, "unsuccessful episodes (config.sft.only_success=True)" if only_success else "unsuccessful episodes"),
+               (stats.dropped_no_loss, f"no trained token within the first {seq_len} tokens")]
+    if _dropped(stats):
+        parts.append(f"{_dropped(stats)} dropped (" + ", ".join(f"{n} {why}" for n, why in reasons if n) + ")")
+    if not parts:
+        return ""
+    return f"data: of {stats.train_lines + stats.eval_lines} examples, " + "; ".join(parts)
+
+
+def _stop_requested(pre: Preemption) -> bool:
+    """Whether any process got a stop signal (all processes must agree: the save is collective)."""
+    flag = pre.requested
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        flag = bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
+    return flag
+
+
+def _interrupt(pre: Preemption, checkpointer: Any, step: int, trained: bool, state: Any, data: sft_data.SFTData,
+               row_shard: NamedSharding, num_rows: int, ck_dir: str, writer: mlib.MetricsWriter,
+               window: list[Mapping[str, jax.Array]], prog: Progress) -> tuple[str, int | None]:
+    """Save `step` (the last finished one) for a signal; returns the one line to print and the step saved."""
+    if not trained:
+        return (f"interrupted ({pre.signal_name}) before a step ran: nothing new to save; run the same command again to resume",
+                checkpointer.latest_step())
+    if window:  # the steps since the last log line: logged now, or the resumed run would never log them
+        vals, _ = _window_mean(window)
+        writer.write(step, vals, prefix="train/")
+    with prog.phase(f"saving step {step} before exiting"):
+        checkpointer.save(step, state, _positions_array(data.train.positions(), row_shard, num_rows), force=True)
+        checkpointer.wait()
+    return pre.message(step, ck_dir), step
+
+
+def _already_complete(config: Any, workdir: str, data: sft_data.SFTData, start: int, stop_at: int, resumed_from: int | None,
+                      ck_dir: str, export: bool, prog: Progress) -> SFTResult:
+    """A run whose checkpoint is already at `stop_at`: say so, and report its logged losses instead of training."""
+    prog.log(f"sft: already complete: {ck_dir} holds step {start} of {stop_at}; nothing to train "
+             "(raise config.sft.steps or --max-steps to train further)")
+    path = os.path.join(workdir, "metrics.jsonl")
+    records = mlib.read_metrics(path) if os.path.exists(path) else []
+    train = [r for r in records if "train/loss" in r]
+    evals = [r for r in records if "eval/loss" in r]
+    export_dir = None
+    if export:
+        from mpa_jax.export import export_checkpoint
+
+        export_dir = export_checkpoint(ck_dir, os.path.join(workdir, "hf"), dtype=str(config.sft.export_dtype),
+                                       tokenizer_dir=_tokenizer_dir(config, workdir))
+    cfg_vocab = models.run_model_config(config)[0].vocab_size
+    return SFTResult(
+        steps=start,
+        final_metrics={k[len("train/"):] if k.startswith("train/") else k: v for k, v in train[-1].items()} if train else {},
+        train_loss=float(train[-1]["train/loss"]) if train else float("nan"),
+        eval_loss=float(evals[-1]["eval/loss"]) if evals else None,
+        unigram_loss=unigram_loss(data, cfg_vocab),
+        checkpoint_dir=ck_dir,
+        metrics_path=path,
+        export_dir=export_dir,
+        resumed_from=resumed_from,
         local_rows=sorted(data.train.streams),
     )
 
@@ -340,23 +449,3 @@ def _tokenizer_dir(config: Any, workdir: str) -> str | None:
 
     cand = tokenizer_dir_for_config(config, workdir)
     return cand if cand and os.path.isdir(cand) else None
-
-
-class _Bar:
-    def __init__(self, start: int, total: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self._p = Progress(TextColumn("sft"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
-                           TimeRemainingColumn(), transient=False)
-        self._p.start()
-        self._task = self._p.add_task("sft", total=total, completed=start, loss="-")
-
-    def update(self, step: int, loss: float) -> None:
-        self._p.update(self._task, completed=step, loss=f"{loss:.4f}")
-
-    def close(self) -> None:
-        self._p.stop()
-
-
-def _progress(enabled: bool, start: int, total: int) -> _Bar | None:
-    return _Bar(start, total) if enabled else None

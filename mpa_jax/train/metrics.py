@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from typing import Any, Mapping
 
 import jax
@@ -55,17 +56,28 @@ def mfu(tokens_per_s: float, flops_per_token: float, n_devices: int, peak_per_de
 
 
 class MetricsWriter:
-    """Appends `{"step": s, **metrics}` lines to `<workdir>/metrics.jsonl` and scalars to `<workdir>/tb`."""
+    """Appends `{"step": s, **metrics}` lines to `<workdir>/metrics.jsonl` and scalars to `<workdir>/tb`.
 
-    def __init__(self, workdir: str, *, enabled: bool | None = None, filename: str = "metrics.jsonl"):
+    Both are on disk when `write` returns (the TensorBoard events are written and flushed synchronously,
+    not by tensorboardX's background thread), so a killed run's TensorBoard has every step its JSONL has.
+
+    `keep_through`: the step a resumed run continues from. Records after it, written by the run that
+    was stopped after its last checkpoint, are dropped from the JSONL and hidden from TensorBoard (an
+    events file starting with TensorBoard's purge marker at `keep_through + 1`), because this run
+    writes those steps again. -1 starts both afresh; None (the default) appends to what is there.
+    """
+
+    def __init__(self, workdir: str, *, enabled: bool | None = None, filename: str = "metrics.jsonl",
+                 keep_through: int | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = os.path.join(workdir, filename)
-        self._tb = None
+        self._tb: TensorBoardWriter | None = None
         if self.enabled:
             os.makedirs(workdir, exist_ok=True)
-            from tensorboardX import SummaryWriter  # imported here: only the writing process needs it
-
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            if keep_through is not None:
+                truncate_metrics(self.path, keep_through)
+            self._tb = TensorBoardWriter(os.path.join(workdir, "tb"),
+                                         purge_step=None if keep_through is None else max(0, keep_through + 1))
 
     def write(self, step: int, metrics: Mapping[str, Any], prefix: str = "") -> None:
         """Record scalars for `step` (None and non-finite values are kept out of TensorBoard)."""
@@ -74,15 +86,84 @@ class MetricsWriter:
         clean = {f"{prefix}{k}": _scalar(v) for k, v in metrics.items()}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": int(step), **clean}, sort_keys=True) + "\n")
-        for k, v in clean.items():
-            if isinstance(v, float) and math.isfinite(v):
-                self._tb.add_scalar(k, v, int(step))
+        assert self._tb is not None
+        self._tb.scalars(int(step), {k: v for k, v in clean.items() if isinstance(v, float) and math.isfinite(v)})
 
     def close(self) -> None:
         if self._tb is not None:
-            self._tb.flush()
             self._tb.close()
             self._tb = None
+
+
+class TensorBoardWriter:
+    """Scalars to a TensorBoard events file in `logdir`, written and flushed at every call.
+
+    tensorboardX's SummaryWriter queues events for a thread that flushes every two minutes; a run
+    killed in between loses them (the JSONL kept them). This writes the records itself through
+    tensorboardX's synchronous record writer. `purge_step`: TensorBoard hides earlier files' events at
+    this step and after (what `SummaryWriter(purge_step=...)` writes).
+    """
+
+    def __init__(self, logdir: str, purge_step: int | None = None):
+        from tensorboardX.event_file_writer import EventsWriter  # only the writing process needs it
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+
+        os.makedirs(logdir, exist_ok=True)
+        # nanoseconds in the suffix: files of runs started within one second still sort in start order
+        self._w = EventsWriter(os.path.join(logdir, "events"), f".{time.time_ns()}")
+        if purge_step is not None:
+            self._w.write_event(Event(wall_time=time.time(), step=int(purge_step), session_log=SessionLog(status=SessionLog.START)))
+        self._w.flush()
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """One event per scalar at `step`, flushed to the file before returning."""
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        now = time.time()
+        for tag, v in values.items():
+            self._w.write_event(Event(wall_time=now, step=int(step), summary=scalar(tag, float(v))))
+        self._w.flush()
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def truncate_metrics(path: str, keep_through: int) -> int:
+    """Drop the records of a metrics JSONL after step `keep_through` (all of them for -1), atomically;
+    returns how many were dropped."""
+    if not os.path.exists(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                step = int(json.loads(line)["step"])
+            except (ValueError, KeyError):  # a line cut by a kill mid-write: the resumed run rewrites it
+                dropped += 1
+                continue
+            if keep_through >= 0 and step <= keep_through:
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    if dropped:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)
+    return dropped
+
+
+def scalar_leaves(tree: Any, prefix: str = "") -> dict[str, float]:
+    """The finite numeric leaves of nested dicts as {"a/b/c": value} (e.g. an eval report for TensorBoard)."""
+    out: dict[str, float] = {}
+    if isinstance(tree, Mapping):
+        for k, v in tree.items():
+            out.update(scalar_leaves(v, f"{prefix}{k}/"))
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool) and math.isfinite(float(tree)):
+        out[prefix.rstrip("/")] = float(tree)
+    return out
 
 
 def _scalar(v: Any) -> Any:

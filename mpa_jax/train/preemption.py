@@ -25,6 +25,18 @@ from typing import Any
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class Interrupted(SystemExit):
+    """Raised by a loop that stopped for a signal after saving (its one line already printed).
+
+    A SystemExit, so the `mpa` command exits with `code` (130, as a shell reports Ctrl-C) and no
+    traceback, and every caller up the stack (the loop, experiments) stops too; a caller that wants to
+    go on catches it. `step` is the step saved (None when the signal came before any was)."""
+
+    def __init__(self, message: str, step: int | None, code: int = 130):
+        super().__init__(code)
+        self.message, self.step = message, step
+
+
 class Preemption:
     """Context manager: `requested` turns true on the first SIGINT/SIGTERM; the second exits at once."""
 
