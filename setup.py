@@ -63,6 +63,7 @@ setup(
             "adbutils>=2.8",  # tests/integration/test_adb*.py drive the real adb server through it
             "openai>=1.40",  # tests/integration/test_serve_openai.py: the official client against `mpa serve`
             "sglang-router==0.3.2",  # tests/integration/test_fleet_router.py: the real router (a Rust wheel; runs on CPU)
+            "tensorboard>=2.16",  # tests read the events files with TensorBoard's own reader (EventAccumulator)
         ],
         "harness": ["mcp>=2.3,<3"],
         "serve": ["fastapi>=0.115", "uvicorn>=0.30"],

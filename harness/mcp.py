@@ -28,7 +28,9 @@ import collections
 import contextlib
 import os
 import re
+import shutil
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -45,6 +47,18 @@ _LOG_LOCK = threading.Lock()
 
 class MCPStartError(RuntimeError):
     """An MCP server could not be started or listed; the message names the server, what it printed and why."""
+
+
+def resolve_executable(command: Sequence[str]) -> list[str]:
+    """`command` with a bare executable name looked up in the running interpreter's environment first
+    (the directory of `sys.executable`: a venv's bin, where `pip install mcp-server-time` puts its
+    script even when that venv is not activated), then on PATH as the spawn would. Paths are kept."""
+    argv = list(command)
+    if argv and os.sep not in argv[0] and not (os.altsep and os.altsep in argv[0]):
+        local = shutil.which(argv[0], path=os.path.dirname(sys.executable))
+        if local:
+            argv[0] = local
+    return argv
 
 
 def server_name(command: Sequence[str]) -> str:
@@ -191,7 +205,7 @@ class MCPServerTools:
             spec = MCPServerSpec(command=list(command), name=name or "", prefix=prefix, rename=dict(rename or {}),
                                  allow=allow, log=log, max_result_chars=max_result_chars)
         self.spec = spec
-        self.command = list(spec.command)
+        self.command = resolve_executable(spec.command)
         self.allow = spec.allow if spec.allow is not None else allow
         self.timeout_s = float(timeout_s)
         self.name = name or spec.name or server_name(self.command)
