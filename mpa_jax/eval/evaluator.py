@@ -97,7 +97,9 @@ class Evaluator:
         modes = harness_modes(harness)
         os.makedirs(out_dir, exist_ok=True)
         t0 = time.perf_counter()
-        engine = self.engine_for(source, workdir or out_dir)
+        with self._phase(f"loading {os.fspath(source)} and building the engine" if isinstance(source, (str, os.PathLike))
+                         else "building the engine"):
+            engine = self.engine_for(source, workdir or out_dir)
         results: dict[str, Any] = {}
         for mode in modes:
             trajs: list[Any] = []
@@ -117,7 +119,14 @@ class Evaluator:
         if len(modes) == 2:
             report["harness_delta_success"] = results["on"]["overall"]["success"] - results["off"]["overall"]["success"]
         _write_json(os.path.join(out_dir, "eval.json"), report)
+        write_tensorboard(out_dir, report)
         return report
+
+    def _phase(self, what: str) -> Any:
+        """A named start-up phase in the log (nothing without progress)."""
+        from mpa_jax.train.progress import Progress
+
+        return Progress("eval", 0, section=self.config.progress, enabled=self.progress).phase(what)
 
     def _check_positions(self, engine: Any) -> None:
         from mpa_jax.rollout.engines import RolloutSetupError
@@ -128,20 +137,23 @@ class Evaluator:
                                     f" max_position_embeddings ({max_pos})")
 
     def _with_progress(self, go: Callable[[Any], list[Any]], total: int, label: str) -> list[Any]:
+        """Run `go(on_done)` with episode progress: a bar on a terminal, plain periodic lines otherwise."""
         if not self.progress:
             return go(None)
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from mpa_jax.train.progress import Progress
 
-        with Progress(TextColumn("[bold]episodes[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("success {task.fields[succ]}"), TimeElapsedColumn(), transient=False) as bar:
-            job = bar.add_task(label or "episodes", total=total, succ=0)
-            done = {"succ": 0}
+        prog = Progress(f"eval {label}" if label else "eval", total, unit="episode", section=self.config.progress)
+        done = {"n": 0, "succ": 0}
 
-            def on_done(traj: Any) -> None:
-                done["succ"] += int(bool(traj.verification is not None and traj.verification.success))
-                bar.update(job, advance=1, succ=done["succ"])
+        def on_done(traj: Any) -> None:
+            done["n"] += 1
+            done["succ"] += int(bool(traj.verification is not None and traj.verification.success))
+            prog.update(done["n"], success=done["succ"])
 
+        try:
             return go(on_done)
+        finally:
+            prog.close()
 
 
 def evaluate(config: Any, checkpoint: Any, *, out_dir: str, split: str | None = None, harness: str = "off", k: int | None = None,
@@ -162,6 +174,23 @@ def evaluate(config: Any, checkpoint: Any, *, out_dir: str, split: str | None = 
     report["split"] = split
     _write_json(os.path.join(out_dir, "eval.json"), report)
     return report
+
+
+def write_tensorboard(out_dir: str, report: dict[str, Any], step: int = 0) -> str:
+    """The report's figures as TensorBoard scalars in `<out_dir>/tb` (per harness mode: overall, per
+    category and template group, costs); returns the directory."""
+    from mpa_jax.train.metrics import TensorBoardWriter, scalar_leaves
+
+    logdir = os.path.join(out_dir, "tb")
+    tb = TensorBoardWriter(logdir)
+    try:
+        figures = {f"eval/{k}": v for k, v in scalar_leaves(report["harness"]).items()}
+        if "harness_delta_success" in report:
+            figures["eval/harness_delta_success"] = float(report["harness_delta_success"])
+        tb.scalars(step, figures)
+    finally:
+        tb.close()
+    return logdir
 
 
 def format_eval(report: dict[str, Any]) -> str:
