@@ -1,24 +1,19 @@
-"""The RL-lift recipe (issue 28): CARE RL from the shipped starter on fresh train instances chosen by competence.
+"""The RL-lift recipe: CARE (or vanilla) RL from the shipped starter on fresh train instances chosen by competence.
 
     mpa experiment rl-lift --config configs/rl_lift.py --init starter --seeds 2 --eval-every 25
     mpa experiment rl-lift --config configs/rl_lift.py --init starter --seeds 2 --algos care,vanilla   # CARE vs vanilla
 
-Each step draws 8 groups of 8 rollouts of fresh instances (seeds of no split; held-out templates never) of
-templates weighted 4c(1-c) by competence, so groups have both successes and failures (the starter is
-unanimous on ~90% of its own training instances), re-drawing unanimous groups up to 3x; AdamW 5e-5 (3e-4
-and SGD 0.1 collapsed this 4.2M planner in earlier probes, docs/experiments.md); CARE's length term from
-competence 0.3 up. The learner runs on one device (CPU: the forced host devices share two cores).
-Two selection levers measured on top (docs/experiments.md, neither lifted dev success at 40-60 steps):
-`--config.rl.select_pool=16` (a focus pool of templates) and `--config.rl.select_worlds=256` (fresh instances
-set in persona worlds of no split). What lifted dev success: a world-general start first,
-`--config.lift.refresh_steps=300 --config.rl.select_worlds=256` (the `lift` section below: an SFT refresh on
-demonstrations in 1,024 worlds of no split, then RL in fresh worlds; docs/experiments.md "A world-general start").
-CARE vs vanilla there (`--algos care,vanilla --until 20`): accuracy kept, no length cut, at most 9.2% possible
-(the successes are their tool calls); `--config.context.reasoning=full` gives a start that reasons, but the
-4.2M planner's reasoning refresh breaks it (dev 33.3%; docs/experiments.md "A start that reasons"). At that start's
-competence (~0.4) the schedule below keeps lambda near 0.1; configs/rl_lift_think.py (this recipe with the reasoning
-refresh and lambda 0 -> 1 over competence 0 -> 0.5) engages the length term (13.5% fewer output tokens than vanilla
-at step 20, 2 seeds, 18% at step 40, seed 0; accuracy kept). CARE's -25% claim needs a planner that reasons well (configs/rl_lift_gpu.py).
+For measuring what RL adds to a start at a budget that can move a policy, on the 2-core CPU. Each step draws 8 groups
+of 8 rollouts of fresh instances (seeds of no split; held-out templates never) of templates weighted 4c(1-c) by
+competence, so that groups have both successes and failures (the starter is unanimous on most of its own training
+instances), re-drawing unanimous groups up to 3x; AdamW at a small lr (5e-5: larger ones collapse a 4.2M planner);
+CARE's length term from competence 0.3 up. The learner runs on one device (CPU: the forced host devices share the cores).
+
+Levers on top: `--config.rl.select_pool=16` (a focus pool of templates), `--config.rl.select_worlds=256` (fresh
+instances in persona worlds of no split), and the `lift` section below: an SFT refresh of the start on
+demonstrations in 1,024 worlds of no split before RL (`--config.lift.refresh_steps=300`). Variants:
+configs/rl_lift_think.py (a start that reasons, CARE's length term engaged), configs/rl_lift_gpu.py (Qwen3-1.7B
+shape on one GPU). Results: docs/experiments.md ("RL lift" and the sections after it).
 """
 import os
 

@@ -1,17 +1,17 @@
-"""The RL-lift recipe (configs/rl_lift.py) at Qwen3-1.7B shape, for one GPU host (issue 28 item 5).
+"""The RL-lift recipe (configs/rl_lift.py) at Qwen3-1.7B shape, for one GPU host.
 
     export JAX_COMPILATION_CACHE_DIR=runs/lift_gpu/xla_cache   # compiled programs survive a restart
     mpa sft --config configs/rl_lift_gpu.py --config.model.init_from=QWEN3_1_7B_HF_DIR --workdir runs/lift_gpu/sft
     mpa experiment rl-lift --config configs/rl_lift_gpu.py --init runs/lift_gpu/sft/hf --seeds 2 --eval-every 25 \
         --workdir runs/lift_gpu
 
-The first command is the planning cold start (oracle demonstrations of the train split, the recipe's
-SFT shortened to `sft.steps` below); the second is the same experiment as on CPU: competence-aware
-selection of fresh train instances, 8 groups x 8 rollouts per step, greedy 96 + 48 dev evaluations every
-25 steps, exact resume. Rollouts on the embedded engine over the device (`rollout.sharded`); SGLang instead:
-`--config.rollout.engine=sglang --config.rollout.sglang_url=URL` (docs/scaling.md). Expected wall time:
-docs/experiments.md "At Qwen3-1.7B shape"; what one H200 measured (an RL iteration 13.5 s, the evaluation
-compile-bound at first: ~15 s per prefill width) and `bench/rl_lift_gpu.py`, the one script for a loan: docs/perf.md.
+For the RL-lift question on a planner that reasons well. The first command is the planning cold start (oracle
+demonstrations of the train split, the recipe's SFT shortened to `sft.steps` below); the second is the same experiment
+as on CPU: competence-aware selection of fresh train instances, 8 groups x 8 rollouts per step, greedy 96 + 48 dev
+evaluations every 25 steps, exact resume. Rollouts on the embedded engine over the device (`rollout.sharded`); SGLang
+instead: `--config.rollout.engine=sglang --config.rollout.sglang_url=URL` (docs/scaling.md). `bench/rl_lift_gpu.py` is
+the one script for a device loan. Expected wall time and what one H200 measured: docs/experiments.md "At Qwen3-1.7B
+shape", docs/perf.md "On a lent H200".
 """
 import os
 import runpy
