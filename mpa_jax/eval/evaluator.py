@@ -151,7 +151,8 @@ class Evaluator:
             prog.update(done["n"], success=done["succ"])
 
         try:
-            return go(on_done)
+            with prog.ticking():  # the first episodes wait for the engine's compiles: the log still ticks
+                return go(on_done)
         finally:
             prog.close()
 

@@ -116,6 +116,30 @@ class Progress:
             beater.join()
         self.log(f"{self.name}: {what}: done in {format_duration(self._clock() - t0)}")
 
+    @contextlib.contextmanager
+    def ticking(self) -> Iterator[None]:
+        """Plain mode: while the body runs, print the current line whenever `every_s` passed without one, so a
+        slow first step (compiling inside it) or a long one still shows in the log. Nothing on a terminal."""
+        if not self.enabled or self._tty:
+            yield
+            return
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(max(self.every_s, 1.0)):
+                now = self._clock()
+                if now >= self._next_line:
+                    self.log(self.line(now))
+                    self._next_line = now + self.every_s
+
+        ticker = threading.Thread(target=tick, name=f"progress-{self.name}", daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            ticker.join()
+
     def update(self, done: int, **fields: Any) -> None:
         """`done` steps of `total` finished; `fields` (e.g. loss) are shown with the line and kept until replaced."""
         if not self.enabled:

@@ -66,3 +66,18 @@ def test_disabled_prints_nothing_and_durations_format():
     p.close()
     assert out.getvalue() == ""
     assert [format_duration(s) for s in (4.4, 65, 7325)] == ["4s", "1m05s", "2h02m"]
+
+
+def test_ticking_prints_the_current_line_while_nothing_finishes():
+    """A first step that compiles for a while: the log still gets a line every `every_s` (plain mode)."""
+    out = io.StringIO()
+    p = Progress("eval", total=4, unit="episode", every_s=1.0, first_s=0.0, stream=out)
+    with p.ticking():
+        time.sleep(1.3)  # nothing finishes for longer than every_s (the ticker's period is what is tested)
+    lines = out.getvalue().splitlines()
+    assert lines and lines[0].startswith("eval: episode 0/4 (0%)  elapsed ")
+    tty = io.StringIO()
+    q = Progress("eval", total=4, every_s=1.0, first_s=0.0, stream=tty, tty=True)
+    with q.ticking():
+        time.sleep(1.1)
+    assert tty.getvalue() == ""  # a terminal has its bar instead
