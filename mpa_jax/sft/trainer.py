@@ -135,7 +135,20 @@ def run_sft(
     split through the agent loop). With `export` (default
     `config.sft.export`), the final parameters are also written as a Hugging Face directory
     `<workdir>/hf`.
+
+    SIGINT / SIGTERM while starting up stop at once (nothing is trained yet); from the first step on they save
+    a checkpoint at the next step boundary and raise `train.preemption.Interrupted` (a SystemExit, code 130)
+    after printing one line; a second signal exits at once.
     """
+    with Preemption(armed=False) as pre:
+        return _run_sft(config, workdir, data_path, pre, export=export, max_steps=max_steps, on_save_started=on_save_started,
+                        on_eval=on_eval, progress=progress)
+
+
+def _run_sft(config: Any, workdir: str, data_path: str | None, pre: Preemption, *, export: bool | None, max_steps: int | None,
+             on_save_started: Callable[[int], None] | None, on_eval: Callable[[int, Any], Mapping[str, float]] | None,
+             progress: bool) -> SFTResult:
+    """The body of `run_sft`, with its signal handling in `pre`."""
     sft = config.sft
     data_path = data_path or str(sft.data or "")
     if not data_path:
@@ -189,128 +202,127 @@ def run_sft(
         ck_dir, every=int(config.checkpoint.every), keep=int(config.checkpoint.keep),
         async_save=bool(config.checkpoint.async_save), meta=meta,
     )
-    # Signals from here on ask for a save at the next step boundary (a second one exits at once).
-    with Preemption() as pre:
+    try:
+        latest = checkpointer.latest_step()
+        resumed_from = None
+        if latest is not None:
+            with prog.phase(f"restoring checkpoint step {latest} from {ck_dir}"):
+                abstract = statelib.abstract_state(params_shape, optimizer, st_shardings)
+                abstract_pos = jax.ShapeDtypeStruct((num_rows, 2), jnp.int32, sharding=row_shard)
+                state, pos = checkpointer.restore(latest, abstract, abstract_pos)
+                data.train.set_positions({r: tuple(int(x) for x in v) for r, v in ckpt.local_rows(pos).items()})
+            resumed_from = latest
+        elif init_from:
+            with prog.phase(f"loading the weights of {init_from}"):
+                params = models.hf_io.load_params(init_from, cfg, mesh, rules)
+                state = statelib.state_from_params(params, optimizer, int(config.seed), st_shardings)
+        else:
+            with prog.phase("initialising the parameters"):
+                state = statelib.create_sharded_state(lambda r: family.init_params(cfg, r), optimizer, int(config.seed), st_shardings)
+        start = int(jax.device_get(state.step))
+        if start >= stop_at:
+            return _already_complete(config, workdir, data, start, stop_at, resumed_from, ck_dir, export, prog)
+
+        step_fn, eval_fn = _compiled_fns(cfg, int(config.model.logprob_chunk), _opt_key(sft), micro, mesh, rules)
+        eval_batches = [_global_batch(b, row_shard, num_rows, seq_len) for b in data.eval_batches(int(sft.eval_batches))] if data.has_eval else []
+
+        def evaluate(params: Any) -> float | None:
+            if not eval_batches:
+                return None
+            tot, cnt = 0.0, 0.0
+            for b in eval_batches:
+                s, c = eval_fn(params, b)
+                tot, cnt = tot + float(s), cnt + float(c)
+            return tot / max(cnt, 1.0)
+
+        # A resumed run rewrites the steps after its checkpoint: the JSONL and TensorBoard drop the old ones.
+        writer = mlib.MetricsWriter(workdir, keep_through=-1 if resumed_from is None else resumed_from)
+        n_params = statelib.param_count(params_shape)
+        flops_tok = mlib.train_flops_per_token(n_params, cfg.num_hidden_layers, seq_len, cfg.num_attention_heads * cfg.head_dim)
+        peak = mlib.peak_flops_per_device(override=float(sft.peak_flops))
+        baseline = unigram_loss(data, cfg.vocab_size)
+        if is_main and resumed_from is None:
+            writer.write(0, {"unigram_loss": baseline, "params": float(n_params), "train_examples": float(data.stats.train_lines),
+                             "truncated": float(data.stats.truncated), "dropped": float(_dropped(data.stats))},
+                         prefix="data/")
+
+        log_every, eval_every = max(1, int(sft.log_every)), int(sft.eval_every)
+        last: dict[str, Any] = {}
+        losses: list[float] = []
+        window_tokens, window_t0 = 0.0, time.perf_counter()
+        window: list[Mapping[str, jax.Array]] = []
+        bad_streak, max_bad = 0, int(sft.max_bad_updates)
+        prog.set_start(start)
+        pre.arm()
+        interrupted: tuple[str, int | None] | None = None
         try:
-            latest = checkpointer.latest_step()
-            resumed_from = None
-            if latest is not None:
-                with prog.phase(f"restoring checkpoint step {latest} from {ck_dir}"):
-                    abstract = statelib.abstract_state(params_shape, optimizer, st_shardings)
-                    abstract_pos = jax.ShapeDtypeStruct((num_rows, 2), jnp.int32, sharding=row_shard)
-                    state, pos = checkpointer.restore(latest, abstract, abstract_pos)
-                    data.train.set_positions({r: tuple(int(x) for x in v) for r, v in ckpt.local_rows(pos).items()})
-                resumed_from = latest
-            elif init_from:
-                with prog.phase(f"loading the weights of {init_from}"):
-                    params = models.hf_io.load_params(init_from, cfg, mesh, rules)
-                    state = statelib.state_from_params(params, optimizer, int(config.seed), st_shardings)
-            else:
-                with prog.phase("initialising the parameters"):
-                    state = statelib.create_sharded_state(lambda r: family.init_params(cfg, r), optimizer, int(config.seed), st_shardings)
-            start = int(jax.device_get(state.step))
-            if start >= stop_at:
-                return _already_complete(config, workdir, data, start, stop_at, resumed_from, ck_dir, export, prog)
-
-            step_fn, eval_fn = _compiled_fns(cfg, int(config.model.logprob_chunk), _opt_key(sft), micro, mesh, rules)
-            eval_batches = [_global_batch(b, row_shard, num_rows, seq_len) for b in data.eval_batches(int(sft.eval_batches))] if data.has_eval else []
-
-            def evaluate(params: Any) -> float | None:
-                if not eval_batches:
-                    return None
-                tot, cnt = 0.0, 0.0
-                for b in eval_batches:
-                    s, c = eval_fn(params, b)
-                    tot, cnt = tot + float(s), cnt + float(c)
-                return tot / max(cnt, 1.0)
-
-            # A resumed run rewrites the steps after its checkpoint: the JSONL and TensorBoard drop the old ones.
-            writer = mlib.MetricsWriter(workdir, keep_through=-1 if resumed_from is None else resumed_from)
-            n_params = statelib.param_count(params_shape)
-            flops_tok = mlib.train_flops_per_token(n_params, cfg.num_hidden_layers, seq_len, cfg.num_attention_heads * cfg.head_dim)
-            peak = mlib.peak_flops_per_device(override=float(sft.peak_flops))
-            baseline = unigram_loss(data, cfg.vocab_size)
-            if is_main and resumed_from is None:
-                writer.write(0, {"unigram_loss": baseline, "params": float(n_params), "train_examples": float(data.stats.train_lines),
-                                 "truncated": float(data.stats.truncated), "dropped": float(_dropped(data.stats))},
-                             prefix="data/")
-
-            log_every, eval_every = max(1, int(sft.log_every)), int(sft.eval_every)
-            last: dict[str, Any] = {}
-            losses: list[float] = []
-            window_tokens, window_t0 = 0.0, time.perf_counter()
-            window: list[Mapping[str, jax.Array]] = []
-            bad_streak, max_bad = 0, int(sft.max_bad_updates)
-            prog.set_start(start)
-            interrupted: tuple[str, int | None] | None = None
-            try:
-                for step in range(start, stop_at):
-                    if _stop_requested(pre):
-                        interrupted = _interrupt(pre, checkpointer, step, step > start, state, data, row_shard, num_rows, ck_dir,
-                                                 writer, window, prog)
-                        break
-                    rows = data.train.next_local()
-                    batch = _global_batch(rows, row_shard, num_rows, seq_len)
-                    real = sum(int((r["segment_ids"] > 0).sum()) for r in rows.values()) * jax.process_count()
-                    if step == start:  # the first call compiles: name it while it runs, and keep it out of the rate
-                        with prog.phase("compiling the train step (and running step 1)"):
-                            state, m = step_fn(state, batch)
-                            jax.block_until_ready(m)
-                        window_t0 = time.perf_counter()
-                    else:
+            for step in range(start, stop_at):
+                if _stop_requested(pre):
+                    interrupted = _interrupt(pre, checkpointer, step, step > start, state, data, row_shard, num_rows, ck_dir,
+                                             writer, window, prog)
+                    break
+                rows = data.train.next_local()
+                batch = _global_batch(rows, row_shard, num_rows, seq_len)
+                real = sum(int((r["segment_ids"] > 0).sum()) for r in rows.values()) * jax.process_count()
+                if step == start:  # the first call compiles: name it while it runs, and keep it out of the rate
+                    with prog.phase("compiling the train step (and running step 1)"):
                         state, m = step_fn(state, batch)
-                    window.append(m)  # device arrays: no host sync until the log step
-                    window_tokens += real
-                    done = step + 1
-                    if done % log_every == 0 or done == stop_at:
-                        vals, flags = _window_mean(window)
-                        window = []
-                        for flag in flags:  # a non-finite step left the weights as they were (train.step)
-                            bad_streak = bad_streak + 1 if flag else 0
-                            if bad_streak >= max_bad:
-                                writer.write(done, vals, prefix="train/")
-                                raise SFTDiverged(f"{bad_streak} SFT steps in a row had a non-finite loss, gradient norm or update "
-                                                  f"(config.sft.max_bad_updates={max_bad}); stopped at step {done}; last good "
-                                                  f"checkpoint: {_last_good(checkpointer, ck_dir)}")
-                        elapsed = max(time.perf_counter() - window_t0, 1e-9)
-                        tps = window_tokens / elapsed
-                        # tokens_per_s counts every packed token (the step's work); tokens counts the trained ones
-                        vals.update(tokens_per_s=tps, row_tokens=window_tokens, seconds=elapsed,
-                                    mfu=mlib.mfu(tps, flops_tok, jax.device_count(), peak))
-                        window_tokens, window_t0 = 0.0, time.perf_counter()
-                        writer.write(done, vals, prefix="train/")
-                        last = {"step": done, **vals}
-                        losses.append(vals["loss"])
-                        prog.update(done, loss=vals["loss"])
-                    else:
-                        prog.update(done)
-                    if eval_every > 0 and done % eval_every == 0 and done != stop_at:
-                        eval_t0 = time.perf_counter()
-                        ev = evaluate(state.params)
-                        extra = dict(on_eval(done, state.params)) if on_eval is not None else {}
-                        if ev is not None or extra:
-                            writer.write(done, {**({"loss": ev} if ev is not None else {}), **extra}, prefix="eval/")
-                        window_t0 += time.perf_counter() - eval_t0  # train windows time training, not evaluations
-                    final = done == stop_at
-                    if checkpointer.due(done, force=final) and not float(jax.device_get(m["nonfinite"])):
-                        if checkpointer.save(done, state, _positions_array(data.train.positions(), row_shard, num_rows), force=final):
-                            if on_save_started is not None:
-                                on_save_started(done)
-                if interrupted is None:
-                    eval_loss = evaluate(state.params)
-                    extra = dict(on_eval(stop_at, state.params)) if on_eval is not None else {}
-                    if eval_loss is not None or extra:
-                        writer.write(stop_at, {**({"loss": eval_loss} if eval_loss is not None else {}), **extra}, prefix="eval/")
-                checkpointer.wait()
-            finally:
-                prog.close()
-                writer.close()
+                        jax.block_until_ready(m)
+                    window_t0 = time.perf_counter()
+                else:
+                    state, m = step_fn(state, batch)
+                window.append(m)  # device arrays: no host sync until the log step
+                window_tokens += real
+                done = step + 1
+                if done % log_every == 0 or done == stop_at:
+                    vals, flags = _window_mean(window)
+                    window = []
+                    for flag in flags:  # a non-finite step left the weights as they were (train.step)
+                        bad_streak = bad_streak + 1 if flag else 0
+                        if bad_streak >= max_bad:
+                            writer.write(done, vals, prefix="train/")
+                            raise SFTDiverged(f"{bad_streak} SFT steps in a row had a non-finite loss, gradient norm or update "
+                                              f"(config.sft.max_bad_updates={max_bad}); stopped at step {done}; last good "
+                                              f"checkpoint: {_last_good(checkpointer, ck_dir)}")
+                    elapsed = max(time.perf_counter() - window_t0, 1e-9)
+                    tps = window_tokens / elapsed
+                    # tokens_per_s counts every packed token (the step's work); tokens counts the trained ones
+                    vals.update(tokens_per_s=tps, row_tokens=window_tokens, seconds=elapsed,
+                                mfu=mlib.mfu(tps, flops_tok, jax.device_count(), peak))
+                    window_tokens, window_t0 = 0.0, time.perf_counter()
+                    writer.write(done, vals, prefix="train/")
+                    last = {"step": done, **vals}
+                    losses.append(vals["loss"])
+                    prog.update(done, loss=vals["loss"])
+                else:
+                    prog.update(done)
+                if eval_every > 0 and done % eval_every == 0 and done != stop_at:
+                    eval_t0 = time.perf_counter()
+                    ev = evaluate(state.params)
+                    extra = dict(on_eval(done, state.params)) if on_eval is not None else {}
+                    if ev is not None or extra:
+                        writer.write(done, {**({"loss": ev} if ev is not None else {}), **extra}, prefix="eval/")
+                    window_t0 += time.perf_counter() - eval_t0  # train windows time training, not evaluations
+                final = done == stop_at
+                if checkpointer.due(done, force=final) and not float(jax.device_get(m["nonfinite"])):
+                    if checkpointer.save(done, state, _positions_array(data.train.positions(), row_shard, num_rows), force=final):
+                        if on_save_started is not None:
+                            on_save_started(done)
+            if interrupted is None:
+                eval_loss = evaluate(state.params)
+                extra = dict(on_eval(stop_at, state.params)) if on_eval is not None else {}
+                if eval_loss is not None or extra:
+                    writer.write(stop_at, {**({"loss": eval_loss} if eval_loss is not None else {}), **extra}, prefix="eval/")
+            checkpointer.wait()
         finally:
-            checkpointer.close()  # also on errors: no orbax threads left behind
-        if interrupted is not None:
-            if is_main:
-                print(interrupted[0], file=sys.stderr, flush=True)
-            raise Interrupted(*interrupted)
+            prog.close()
+            writer.close()
+    finally:
+        checkpointer.close()  # also on errors: no orbax threads left behind
+    if interrupted is not None:
+        if is_main:
+            print(interrupted[0], file=sys.stderr, flush=True)
+        raise Interrupted(*interrupted)
 
     export_dir = None
     if export:

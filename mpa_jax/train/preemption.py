@@ -40,9 +40,12 @@ class Interrupted(SystemExit):
 class Preemption:
     """Context manager: `requested` turns true on the first SIGINT/SIGTERM; the second exits at once."""
 
-    def __init__(self, signals: tuple[int, ...] = _SIGNALS, exit_code: int = 130):
+    def __init__(self, signals: tuple[int, ...] = _SIGNALS, exit_code: int = 130, armed: bool = True):
         self._signals = signals
         self._exit_code = exit_code
+        # Unarmed (start-up: loading data, restoring, nothing trained yet), a signal stops at once by raising
+        # `Interrupted` where the program is: there is nothing to save. `arm()` before the first step.
+        self._armed = armed
         self._previous: dict[int, Any] = {}
         self.signal_name: str | None = None
         self._event = threading.Event()
@@ -57,8 +60,18 @@ class Preemption:
         self.signal_name = self.signal_name or name
         self._event.set()
 
+    def arm(self) -> None:
+        """From now on a first signal asks for a save at the next step boundary instead of stopping at once."""
+        self._armed = True
+
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if not self._armed:
+            self.signal_name = name
+            line = f"interrupted ({name}) while starting, before any step: nothing to save"
+            sys.stderr.write(f"\n{line}\n")
+            sys.stderr.flush()
+            raise Interrupted(line, None, self._exit_code)
         if self._event.is_set():
             # Second signal: the user does not want to wait for the save.
             sys.stderr.write(f"\n{name} again: exiting now without saving\n")
