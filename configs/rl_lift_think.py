@@ -14,6 +14,8 @@ above resumes and regenerates `table.md` and `rl_lift.png`. Options measured wit
 (`--config.rl.cost_sharpness=3.0 --config.rl.c_hi=0.25`) and an opt-in price on failures' length
 (`--config.rl.failure_cost=1.0`, beyond DESIGN §6; mpa_jax/rl/care.py). Results: docs/experiments.md ("A start that
 reasons", "Both seeds to step 40").
+Those figures predate issue 50 (beta 0.5 on, group-std-normalised length advantages, a per-template EMA competence
+that sat near 0.5, vanilla arms that kept fewer groups); the pre-registered-test issue re-measures them on this code.
 """
 import os
 
