@@ -122,12 +122,6 @@ class Evaluator:
         write_tensorboard(out_dir, report)
         return report
 
-    def _phase(self, what: str) -> Any:
-        """A named start-up phase in the log (nothing without progress)."""
-        from mpa_jax.train.progress import Progress
-
-        return Progress("eval", 0, section=self.config.progress, enabled=self.progress).phase(what)
-
     def _check_positions(self, engine: Any) -> None:
         from mpa_jax.rollout.engines import RolloutSetupError
 
@@ -135,6 +129,12 @@ class Evaluator:
         if max_pos is not None and int(self.config.rollout.max_total_tokens) > max_pos:
             raise RolloutSetupError(f"config.rollout.max_total_tokens ({self.config.rollout.max_total_tokens}) exceeds the model's"
                                     f" max_position_embeddings ({max_pos})")
+
+    def _phase(self, what: str) -> Any:
+        """A named start-up phase in the log (nothing without progress)."""
+        from mpa_jax.train.progress import Progress
+
+        return Progress("eval", 0, section=self.config.progress, enabled=self.progress).phase(what)
 
     def _with_progress(self, go: Callable[[Any], list[Any]], total: int, label: str) -> list[Any]:
         """Run `go(on_done)` with episode progress: a bar on a terminal, plain periodic lines otherwise."""
@@ -177,23 +177,6 @@ def evaluate(config: Any, checkpoint: Any, *, out_dir: str, split: str | None = 
     return report
 
 
-def write_tensorboard(out_dir: str, report: dict[str, Any], step: int = 0) -> str:
-    """The report's figures as TensorBoard scalars in `<out_dir>/tb` (per harness mode: overall, per
-    category and template group, costs); returns the directory."""
-    from mpa_jax.train.metrics import TensorBoardWriter, scalar_leaves
-
-    logdir = os.path.join(out_dir, "tb")
-    tb = TensorBoardWriter(logdir)
-    try:
-        figures = {f"eval/{k}": v for k, v in scalar_leaves(report["harness"]).items()}
-        if "harness_delta_success" in report:
-            figures["eval/harness_delta_success"] = float(report["harness_delta_success"])
-        tb.scalars(step, figures)
-    finally:
-        tb.close()
-    return logdir
-
-
 def format_eval(report: dict[str, Any]) -> str:
     """The eval.json as a short table: overall, per template group and per category per harness mode, then costs."""
     k = report["k"]
@@ -215,3 +198,20 @@ def format_eval(report: dict[str, Any]) -> str:
     if "harness_delta_success" in report:
         lines.append(f"harness on - off: {100 * report['harness_delta_success']:+.1f} pts")
     return "\n".join(lines)
+
+
+def write_tensorboard(out_dir: str, report: dict[str, Any], step: int = 0) -> str:
+    """The report's figures as TensorBoard scalars in `<out_dir>/tb` (per harness mode: overall, per
+    category and template group, costs); returns the directory."""
+    from mpa_jax.train.metrics import TensorBoardWriter, scalar_leaves
+
+    logdir = os.path.join(out_dir, "tb")
+    tb = TensorBoardWriter(logdir)
+    try:
+        figures = {f"eval/{k}": v for k, v in scalar_leaves(report["harness"]).items()}
+        if "harness_delta_success" in report:
+            figures["eval/harness_delta_success"] = float(report["harness_delta_success"])
+        tb.scalars(step, figures)
+    finally:
+        tb.close()
+    return logdir
