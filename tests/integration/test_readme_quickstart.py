@@ -89,6 +89,15 @@ def test_readme_has_a_tagged_quickstart_per_job():
     assert any(lang == "python" and tag == "quickstart-serve" for lang, tag, _ in blocks)
 
 
+def test_readme_maps_every_doc_and_links_only_existing_ones():
+    """The README's map of the docs lists every page in docs/, and every docs/ link in it exists."""
+    text = open(README, encoding="utf-8").read()
+    linked = set(re.findall(r"\(docs/([\w.-]+\.md)\)", text))
+    pages = {f for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md")}
+    assert pages <= linked, f"docs missing from the README's map: {sorted(pages - linked)}"
+    assert linked <= pages, f"README links to docs that do not exist: {sorted(linked - pages)}"
+
+
 def test_readme_quickstart_runs_at_micro_size(tmp_path, tmp_path_factory):
     cache = str(tmp_path_factory.getbasetemp() / "mpa-jax-compile-cache")  # shared with the eval and loop tests
     env, tmp, cwd = _env(cache), str(tmp_path), str(tmp_path)  # commands run outside the repository, as a user's would
