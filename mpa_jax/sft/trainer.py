@@ -265,7 +265,7 @@ def _run_sft(config: Any, workdir: str, data_path: str | None, pre: Preemption, 
                 batch = _global_batch(rows, row_shard, num_rows, seq_len)
                 real = sum(int((r["segment_ids"] > 0).sum()) for r in rows.values()) * jax.process_count()
                 if step == start:  # the first call compiles: name it while it runs, and keep it out of the rate
-                    with prog.phase("compiling the train step (and running step 1)"):
+                    with prog.phase(f"compiling the train step (and running step {start + 1})"):
                         state, m = step_fn(state, batch)
                         jax.block_until_ready(m)
                     window_t0 = time.perf_counter()

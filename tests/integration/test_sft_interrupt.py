@@ -78,6 +78,7 @@ def test_sigterm_saves_exits_with_one_line_and_resumes_exactly(tmp_path):
     resumed = subprocess.run(_cmd(data, run), capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"restoring checkpoint step {saved}" in resumed.stdout
+    assert f"compiling the train step (and running step {saved + 1})" in resumed.stdout
     want = _losses(ref)
     got = _losses(run)
     assert [s for s, _ in got] == list(range(1, STEPS + 1))  # each step once
