@@ -128,13 +128,9 @@ class Start:
         if os.path.isdir(out):
             shutil.rmtree(out)
         assert self.step_dir is not None
+        # export_checkpoint writes the card (from this run's card) beside the weights
         export_checkpoint(self.step_dir, out, dtype="float32", tokenizer_dir=self.tokenizer_dir)
-        card = {**self.card, "kind": "hf", "tokenizer": "." if self.tokenizer_dir else None,
-                "chat_template": "chat_template.jinja" if os.path.isfile(os.path.join(out, "chat_template.jinja")) else None}
-        card.setdefault("recipe", {})
-        card["exported_from"] = self.step_dir
-        _write_json(os.path.join(out, CARD), card)
-        _write_json(marker, source)
+        write_json(marker, source)
         return out
 
 
@@ -320,7 +316,7 @@ def config_for_start(config: Any | None, start: Start, *, workdir: str | None = 
 
 # ------------------------------------------------------------------------------------------------ cards
 
-def _write_json(path: str, data: Mapping[str, Any]) -> None:
+def write_json(path: str, data: Mapping[str, Any]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(dict(data), f, indent=2, sort_keys=True, default=str)
@@ -370,7 +366,7 @@ def write_hf_card(hf_dir: str, config: Any, *, stage: str, command: str | None =
     card = make_card(config, kind="hf", stage=stage, tokenizer=tok, chat_template=_chat_template_in(hf_dir),
                      command=command, config_file=config_file, start=start)
     path = os.path.join(hf_dir, CARD)
-    _write_json(path, card)
+    write_json(path, card)
     return path
 
 
@@ -396,8 +392,54 @@ def stamp_run_dir(workdir: str, config: Any, *, stage: str, command: str | None 
                      chat_template="tokenizer/chat_template.jinja" if tok and _chat_template_in(own) else None,
                      command=command, config_file=config_file, start=start)
     path = os.path.join(workdir, CARD)
-    _write_json(path, card)
+    write_json(path, card)
     return path
+
+
+def _nearest_record(run_dir: str) -> tuple[dict[str, Any], Any]:
+    """(card, saved config or None) of the run owning a checkpoint: the nearest directory at or above
+    `run_dir` (3 levels: loop stages sit under the loop's workdir) with a card or a saved config.json."""
+    import ml_collections
+
+    d = os.path.abspath(run_dir)
+    for _ in range(4):
+        if os.path.isfile(os.path.join(d, CARD)):
+            return _read_json(os.path.join(d, CARD)), None
+        saved = os.path.join(d, "config.json")
+        if os.path.isfile(saved) and not _is_hf_dir(d):
+            data = _read_json(saved)
+            if "model" in data and "context" in data:  # an experiment config the CLI saved, not an HF config.json
+                return {}, ml_collections.ConfigDict(data)
+        d = os.path.dirname(d)
+    return {}, None
+
+
+def card_for_export(run_dir: str, out_dir: str, model_hf: Mapping[str, Any], step_dir: str) -> dict[str, Any]:
+    """The card of an HF directory exported from a run's checkpoint: the model as saved, the files in
+    `out_dir`, and the context format and recipe of the run (its card, else the config the CLI saved
+    for it; absent when neither exists)."""
+    from mpa_jax.envs.context import ContextFormat
+
+    card, saved = _nearest_record(run_dir)
+    out = {k: v for k, v in card.items() if k in ("stage", "context", "recipe")}
+    if not card and saved is not None:
+        out["context"] = ContextFormat.from_config(saved).to_dict()
+        out["recipe"] = {"command": None, "config": str(saved.get("name", "")), "config_file": None,
+                         "start": str(saved.model.get("init_from", "") or "") or None, "recipe_hash": None}
+    text = _text_config(model_hf)
+    out.update({
+        "mpa_checkpoint": CARD_VERSION,
+        "kind": "hf",
+        "model": dict(model_hf),
+        "max_positions": int(text["max_position_embeddings"]),
+        "vocab_size": int(text["vocab_size"]),
+        "tokenizer": "." if _is_tokenizer_dir(out_dir) else None,
+        "chat_template": _chat_template_in(out_dir),
+        "exported_from": os.path.abspath(step_dir),
+        "created": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+    })
+    out.setdefault("stage", "export")
+    return out
 
 
 def read_card(directory: str) -> dict[str, Any]:
@@ -409,5 +451,5 @@ def read_card(directory: str) -> dict[str, Any]:
     return {}
 
 
-__all__ = ["CARD", "STARTER_NAME", "Start", "StartError", "config_for_start", "make_card", "read_card",
+__all__ = ["CARD", "STARTER_NAME", "Start", "StartError", "card_for_export", "config_for_start", "make_card", "read_card",
            "resolve_start", "stamp_run_dir", "write_hf_card"]

@@ -21,7 +21,12 @@ def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.sft.starter import build_starter
     from mpa_jax.train import CheckpointError
 
+    from mpa_jax.start import stamp_run_dir
+
     try:
+        # the run's card first: the export (and so the starter directory) carries its recipe and context format
+        stamp_run_dir(args.workdir, config, stage="starter", command=getattr(args, "command_line", None),
+                      config_file=getattr(args, "config_file", None))
         sheet = build_starter(config, args.workdir, args.out, eval_seen=args.eval_seen, eval_held_out=args.eval_held_out,
                               curve_seen=args.curve_seen, curve_held_out=args.curve_held_out, data=args.data, note=args.note)
     except (DataError, CheckpointError, ValueError) as e:
