@@ -27,7 +27,6 @@ as a card too. No jax at import time.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
 import shutil
@@ -331,7 +330,8 @@ def make_card(config: Any, *, kind: str, stage: str, tokenizer: str | None, chat
     loop), `model` (the HF config.json dict), `max_positions`, `vocab_size` (embedding rows),
     `tokenizer` (directory with tokenizer.json, relative to the card; None when it carries none),
     `chat_template` (file relative to the card, or None), `context` ({"format", "reasoning"}), `recipe`
-    ({"command", "config", "config_file", "start", "recipe_hash"}), `created` (UTC, ISO 8601).
+    ({"command", "config", "config_file", "start", "recipe_hash"}). No timestamp: the same run exports the
+    same bytes.
     """
     from mpa_jax import models
     from mpa_jax.envs.context import ContextFormat
@@ -351,7 +351,6 @@ def make_card(config: Any, *, kind: str, stage: str, tokenizer: str | None, chat
         "context": ContextFormat.from_config(config).to_dict(),
         "recipe": {"command": command, "config": str(config.get("name", "")), "config_file": config_file,
                    "start": start, "recipe_hash": recipe_hash(recipe_values(config))},
-        "created": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
     }
 
 
@@ -436,7 +435,6 @@ def card_for_export(run_dir: str, out_dir: str, model_hf: Mapping[str, Any], ste
         "tokenizer": "." if _is_tokenizer_dir(out_dir) else None,
         "chat_template": _chat_template_in(out_dir),
         "exported_from": os.path.abspath(step_dir),
-        "created": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
     })
     out.setdefault("stage", "export")
     return out
