@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("mpa_jax.commands.rollout", "run the agent loop over a task split and write trajectories"),
     "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat and completions)"),
     "rl": ("mpa_jax.commands.rl", "online RL (CARE or vanilla group-relative) over the sandbox tasks"),
-    "experiment": ("mpa_jax.commands.experiment", "named experiments (care-vs-vanilla)"),
+    "experiment": ("mpa_jax.commands.experiment", "named experiments (care-vs-vanilla, rl-lift)"),
     "starter": ("mpa_jax.commands.starter", "build the starter planner (configs/starter.py) with its datasheet"),
     "demo": ("mpa_jax.commands.demo", "the end-to-end path on the embedded default"),
     "eval": ("mpa_jax.commands.eval", "evaluate a checkpoint on the held-out benchmark -> eval.json"),
