@@ -74,6 +74,9 @@ def test_sft_rl_eval_from_a_checkpoint_keep_its_tokenizer(pretrained, tmp_path):
     assert "rollout.max_total_tokens 4096 -> 2048" in res.stderr  # adapted, and said in one line
     start = resolve_start(run)
     assert start.kind == "run" and start.tokenizer_dir == os.path.join(run, "tokenizer") and start.step_dir.endswith("/2")
+    old = str(tmp_path / "old_run")  # a run made before cards: its saved config still names the tokenizer
+    shutil.copytree(run, old, ignore=shutil.ignore_patterns("tokenizer", CARD))
+    assert resolve_start(old).tokenizer_dir == pretrained
 
     # RL with the exact spelling (--init RUN): the checkpoint's tokenizer, never a new BPE
     rl = str(tmp_path / "rl")

@@ -87,3 +87,19 @@ def test_configs_by_name_from_another_directory(tmp_path, monkeypatch, capsys):
     assert out.is_file() and json.load(open(tmp_path / "run" / "config.json"))["name"] == load_config_file("tiny").name
     assert cli.main(["tasks", "--config", "nope", "--workdir", str(tmp_path / "r")]) == 2
     assert "config not found: nope" in capsys.readouterr().err
+
+
+def test_a_new_bpe_for_a_checkpoint_only_when_named(hf, tmp_path):
+    """With a checkpoint, the run's tokenizer is the checkpoint's; the project BPE is built only when
+    `tokenizer.path` names it (`project-bpe`), and it must still fit the embedding."""
+    from mpa_jax.tokenizer import load_tokenizer, tokenizer_for_config
+    from mpa_jax.tokenizer.select import PROJECT_BPE
+
+    c = config_for_start(load_config_file("tiny"), resolve_start(hf), log=lambda _: None)
+    tok = tokenizer_for_config(c, str(tmp_path / "run"))
+    assert tok.encode("text Alex at 7pm") == load_tokenizer(hf).encode("text Alex at 7pm")
+    assert not (tmp_path / "run" / "tokenizer").exists()
+    c.tokenizer.path, c.tokenizer.vocab_size, c.tokenizer.corpus_tasks = PROJECT_BPE, 400, 0
+    bpe = tokenizer_for_config(c, str(tmp_path / "run"))
+    assert (tmp_path / "run" / "tokenizer" / "tokenizer.json").is_file() and bpe.vocab_size <= 400
+    assert bpe.encode("text Alex at 7pm") != tok.encode("text Alex at 7pm")
