@@ -6,6 +6,7 @@ from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = 'example: mpa starter --config starter --workdir runs/starter --out starter'
     parser.add_argument("--out", default="starter", help="directory to write the starter into (default: starter)")
     parser.add_argument("--data", default=None, help="oracle trajectories to train on (default: made into the run directory)")
     parser.add_argument("--eval-seen", type=int, default=96, help="final evaluation: dev tasks of templates seen in training")
