@@ -88,6 +88,9 @@ def test_sft_rl_eval_from_a_checkpoint_keep_its_tokenizer(pretrained, tmp_path):
     rl_saved = json.load(open(os.path.join(rl, "config.json")))
     assert rl_saved["tokenizer"]["path"] == os.path.join(run, "tokenizer") and rl_saved["model"]["hidden_size"] == 32
     assert json.load(open(os.path.join(rl, CARD)))["recipe"]["start"] == run
+    exported = json.load(open(os.path.join(rl, "start_hf", CARD)))  # the run exported once for RL, with its card
+    assert exported["kind"] == "hf" and exported["tokenizer"] == "." and exported["exported_from"].endswith("checkpoints/2")
+    assert exported["recipe"]["command"] == card["recipe"]["command"] and exported["context"] == card["context"]
 
     # eval of the run directory: the prompt's ids are the checkpoint tokenizer's encoding
     res = _mpa("eval", "--checkpoint", run, "--max-tasks", "1", "--workdir", str(tmp_path / "ev"), *SMALL)
