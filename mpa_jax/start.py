@@ -127,9 +127,14 @@ class Start:
         if os.path.isdir(out):
             shutil.rmtree(out)
         assert self.step_dir is not None
-        # export_checkpoint writes the card (from this run's card) beside the weights
-        export_checkpoint(self.step_dir, out, dtype="float32", tokenizer_dir=self.tokenizer_dir)
-        write_json(marker, source)
+        # into a private directory, then renamed: hosts of a multi-host run may all resolve the same start
+        tmp = f"{out}.tmp{os.getpid()}"
+        export_checkpoint(self.step_dir, tmp, dtype="float32", tokenizer_dir=self.tokenizer_dir)  # writes the card too
+        write_json(os.path.join(tmp, _SOURCE), source)
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process renamed its identical export first
+            shutil.rmtree(tmp, ignore_errors=True)
         return out
 
 
