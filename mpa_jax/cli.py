@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import shlex
 import sys
@@ -85,9 +86,27 @@ def add_start_argument(parser: argparse.ArgumentParser, *, required: bool = Fals
     parser.set_defaults(_takes_start=True)
 
 
-def _fit_to_start(args: argparse.Namespace, config: Any, explicit: set[str]) -> Any:
-    """Resolve `--checkpoint` (or a `config.model.init_from` set on the command line or in the config)
-    and return the config fitted to it; `args.start` is the Start or None."""
+def _resumed_start(command: str, workdir: str) -> str | None:
+    """The start a run directory was begun from (its card's recipe.start), when the same command
+    continues it without naming one: `mpa rl --workdir runs/rl` resumes with its model and tokenizer."""
+    from mpa_jax.start import CARD
+
+    path = os.path.join(workdir, CARD)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        card = json.load(f)
+    start = (card.get("recipe") or {}).get("start")
+    if card.get("stage") != command or not start:
+        return None
+    print(f"mpa: note: continuing {workdir} from its start {start} (its card; --checkpoint names another)", file=sys.stderr)
+    return str(start)
+
+
+def _fit_to_start(args: argparse.Namespace, config: Any, explicit: set[str], command: str) -> Any:
+    """Resolve `--checkpoint` (or a `config.model.init_from` set on the command line or in the config;
+    else, continuing a run of the same command, the start its card names) and return the config fitted
+    to it; `args.start` is the Start or None."""
     from mpa_jax.start import StartError, config_for_start, resolve_start
 
     named = args.checkpoint if args.checkpoint not in (None, "", "untrained") else None
@@ -95,13 +114,16 @@ def _fit_to_start(args: argparse.Namespace, config: Any, explicit: set[str]) -> 
     if named and init and "model.init_from" in explicit and os.path.abspath(os.path.expanduser(init)) != os.path.abspath(named):
         raise ConfigError(f"--checkpoint {named} and --config.model.init_from={init} name two starts: give --checkpoint only")
     args.start = None
+    label = "--checkpoint" if named else "config.model.init_from"
     if not (named or init):
-        return config
+        named, label = _resumed_start(command, args.workdir), f"the start named in {args.workdir}'s card"
+        if not named:
+            return config
     try:
         args.start = resolve_start(named or init)
         return config_for_start(config, args.start, workdir=args.workdir, explicit=explicit)
     except StartError as e:
-        raise ConfigError(f"--checkpoint: {e}" if named else f"config.model.init_from: {e}") from None
+        raise ConfigError(f"{label}: {e}") from None
 
 
 def _top_help() -> str:
@@ -144,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.workdir is None:
             args.workdir = os.path.join("runs", str(config.get("name", os.path.splitext(os.path.basename(args.config))[0])))
         if getattr(args, "_takes_start", False):
-            config = _fit_to_start(args, config, {key for key, _ in overrides})
+            config = _fit_to_start(args, config, {key for key, _ in overrides}, name)
         from mpa_jax.envs.context import ContextFormat
 
         ContextFormat.from_config(config)  # a bad context format is one line here, not deep inside a stage

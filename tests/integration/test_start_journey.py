@@ -88,6 +88,11 @@ def test_sft_rl_eval_from_a_checkpoint_keep_its_tokenizer(pretrained, tmp_path):
     rl_saved = json.load(open(os.path.join(rl, "config.json")))
     assert rl_saved["tokenizer"]["path"] == os.path.join(run, "tokenizer") and rl_saved["model"]["hidden_size"] == 32
     assert json.load(open(os.path.join(rl, CARD)))["recipe"]["start"] == run
+    # continued without naming the start again: the card names it, and the run resumes on the same model
+    res = _mpa("rl", "--max-steps", "2", "--workdir", rl, "--config.rl.tasks_per_step=2", "--config.rl.group_size=2",
+               "--config.rl.minibatches=1", *SMALL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"continuing {rl} from its start {run}" in res.stderr and "(resumed from 1)" in res.stdout
     exported = json.load(open(os.path.join(rl, "start_hf", CARD)))  # the run exported once for RL, with its card
     assert exported["kind"] == "hf" and exported["tokenizer"] == "." and exported["exported_from"].endswith("checkpoints/2")
     assert exported["recipe"]["command"] == card["recipe"]["command"] and exported["context"] == card["context"]
