@@ -24,6 +24,7 @@ directory and renamed into place (atomic); `<root>/CHANGELOG.md` gets one entry 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -44,6 +45,18 @@ MINABLE = {ErrorCode.INVALID_ARGUMENTS, ErrorCode.UNSUPPORTED_VALUE, ErrorCode.U
 
 class EvolutionError(ValueError):
     """Bad traces or an impossible review step; the message names it."""
+
+
+@dataclasses.dataclass
+class HarnessVersion:
+    """What an approved harness version changes (`read_version` loads one from its directory)."""
+
+    version: str = HARNESS_VERSION
+    rewrites: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    descriptions: dict[str, str] = dataclasses.field(default_factory=dict)
+    grounding: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # {tool, arg}: harness/grounding.py
+    skills_dir: str = ""
+    auto_approved: bool = False
 
 
 def _pid(kind: str, cluster: str, payload: dict[str, Any]) -> str:
@@ -352,10 +365,8 @@ def withdraw(root: str, version: str, reason: str) -> str:
     return parent
 
 
-def read_version(path: str) -> Any:
+def read_version(path: str) -> HarnessVersion:
     """Load a version directory (checking every file against the manifest's hashes)."""
-    from mpa_jax.harness.runtime import HarnessVersion
-
     mpath = os.path.join(path, "manifest.json")
     if not os.path.isfile(mpath):
         raise EvolutionError(f"harness version {path}: no manifest.json")
