@@ -279,7 +279,11 @@ def test_cli_eval_and_retrieval_preview(tmp_path):
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)["results"]
     assert set(res) == {"off", "on (task tools)", "on (catalog)", "on (catalog+memory)"}
-    assert all(r["success"] == r["n"] == 20 for r in res.values())
+    assert all(r["success"] == r["n"] == 20 and r["infra"] == 0 for r in res.values())
+    # the one evaluation path: each setting's eval.json from the Evaluator, the oracle's episodes beside it
+    rep = json.loads((tmp_path / "harness-eval" / "oracle-dev-20" / "catalog" / "eval.json").read_text())
+    assert rep["harness"]["on"]["overall"]["success"] == 1.0 and rep["split"] == "dev" and rep["weight_version"] == "oracle"
+    assert rep["harness"]["on"]["harness_version"] == "0.1.0"
     out = subprocess.run([sys.executable, "-m", "mpa_jax.cli", "harness", "tools", "--query", "convert 70 kg to pounds",
                           "--k", "4", "--json", "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=repo)
     names = json.loads(out.stdout)
