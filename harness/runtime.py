@@ -95,7 +95,7 @@ class HarnessSession:
         if self.cfg.memory:
             from mpa_jax.harness.memory import MemoryProvider
 
-            self.add_provider(MemoryProvider(self.cfg.memory_store or None, budget_tokens=self.cfg.memory_tokens))
+            self.add_provider(MemoryProvider.from_config(self.cfg))
         for p in providers:
             self.add_provider(p)
         dirs = [SHIPPED_DIR, self.cfg.skills_dir, self.version.skills_dir]
@@ -341,7 +341,7 @@ class HarnessEnv:
             err = reg.validate(name, args)
             if err:
                 return Feedback.error(ErrorCode.INVALID_ARGUMENTS, err, call_id, f"{name}: {schema_hint(reg.spec(name).parameters)}")
-            fb = _call_provider(provider, name, args, call_id)
+            fb = call_provider(provider, name, args, call_id)
             return fb
         return self.env.step(Action(kind="tool_call", name=name, arguments=args, call_id=call_id, raw=raw, agent=agent))
 
@@ -429,7 +429,7 @@ class HarnessEnv:
                               action.call_id, "give the sub-agent a smaller, clearer sub-task")
 
 
-def _call_provider(provider: ToolProvider, name: str, args: Any, call_id: str, max_chars: int | None = None) -> Feedback:
+def call_provider(provider: ToolProvider, name: str, args: Any, call_id: str, max_chars: int | None = None) -> Feedback:
     """One provider call as Feedback: a provider bug is INFRA; the answer is cut to `max_chars` characters
     (default: the provider's `max_result_chars`, else harness.config.DEFAULT_MAX_RESULT_CHARS; 0 = no cap)."""
     import inspect

@@ -132,7 +132,7 @@ def harness_call(session: Any, tool: str, call_args: dict[str, Any], call_id: st
     from mpa_jax.envs import ErrorCode, Feedback
     from mpa_jax.harness.normalise import normalise_arguments, schema_hint
     from mpa_jax.harness.registry import unknown_tool_feedback
-    from mpa_jax.harness.runtime import HINTS, _call_provider
+    from mpa_jax.harness.runtime import HINTS, call_provider
 
     reg = session.registry
     if tool not in reg:
@@ -144,7 +144,7 @@ def harness_call(session: Any, tool: str, call_args: dict[str, Any], call_id: st
         err = reg.validate(tool, call_args)
         if err:
             return Feedback.error(ErrorCode.INVALID_ARGUMENTS, err, call_id, f"{tool}: {schema_hint(reg.spec(tool).parameters)}")
-    fb = _call_provider(provider, tool, call_args, call_id, max_chars=int(session.cfg.max_result_chars))
+    fb = call_provider(provider, tool, call_args, call_id, max_chars=int(session.cfg.max_result_chars))
     if not fb.ok and fb.error_code is not None and not fb.hint:
         fb = dataclasses.replace(fb, hint=HINTS.get(ErrorCode(fb.error_code), ""))
     return fb

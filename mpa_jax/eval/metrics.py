@@ -41,7 +41,7 @@ class PriceTable:
     def from_config(cls, prices: Any) -> "PriceTable":
         return cls(input_per_mtok=float(prices.input_per_mtok), output_per_mtok=float(prices.output_per_mtok),
                    per_tool_call=float(prices.per_tool_call), per_device_second=float(prices.per_device_second),
-                   currency=str(prices.get("currency", "USD")))
+                   currency=str(prices.currency))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

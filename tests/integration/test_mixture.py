@@ -158,7 +158,7 @@ def test_env_exceptions_become_infra():
         def step(self, action):
             raise RuntimeError("boom")
 
-    with EnvPool() as pool:
+    with EnvPool({"sandbox": KindLimits(1, 30.0)}) as pool:
         fb = pool.step_all([(Broken(), Action.finish())])[0]
     assert fb.error_code == ErrorCode.INFRA and "boom" in fb.message
 
@@ -166,7 +166,12 @@ def test_env_exceptions_become_infra():
 def test_config_envs_section_reaches_make_env_and_the_pool():
     c = load_config_file("configs/tiny.py")
     lim = limits_from_config(c)
-    assert lim["adb"] == KindLimits(1, 60.0) and lim["sandbox"].concurrency == 0 and "mixture" not in lim
+    assert lim["adb"] == KindLimits(1, 60.0) and lim["sandbox"].concurrency == 0 and set(lim) == {"sandbox", "simulated", "adb"}
+    del c.envs.adb["concurrency"]
+    with pytest.raises(ValueError, match=r"config.envs.adb.concurrency is missing"):
+        limits_from_config(c)  # configs/ is the one source of the pool's limits
+    with pytest.raises(ValueError, match="env kind 'slow' has no pool limits"):
+        EnvPool(lim).limit("slow")
     assert isinstance(make_env("sandbox", config=c), SandboxEnv)
     with pytest.raises(ValueError, match="config.envs.adb"):
         make_env("adb", config=c)  # no device serial configured
