@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from mpa_jax.eval.metrics import PriceTable, eval_metrics
-from mpa_jax.files import write_json
+from mpa_jax.files import write_json, write_jsonl
 
 HARNESS_MODES = ("off", "on", "both")
 
@@ -108,7 +108,7 @@ class Evaluator:
         """One run of every task (or `tasks`): trajectories to `out_path`, metrics to `<out_path>.summary.json`;
         a complete earlier run there is read back instead. `runner` (from `runner()`) is used as it is; without
         one, a runner for `harness` (None: `config.harness.enabled`) is built for this run and closed."""
-        from mpa_jax.envs import Trajectory, read_jsonl, write_jsonl
+        from mpa_jax.envs import Trajectory, read_jsonl
         from mpa_jax.rollout.runner import EpisodeConfig
 
         summary_path = out_path[:-6] + ".summary.json" if out_path.endswith(".jsonl") else out_path + ".summary.json"
@@ -129,7 +129,6 @@ class Evaluator:
         else:
             trajs = self._with_progress(lambda on_done: runner.run(engine, self.tokenizer, tasks, cfg, on_done=on_done),
                                         len(tasks), label)
-        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         write_jsonl(out_path, trajs)
         repeats = max(1, len(tasks) // max(1, len({t.id for t in tasks})))
         metrics = eval_metrics(trajs, k=repeats, prices=self.prices)

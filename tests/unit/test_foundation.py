@@ -1,6 +1,7 @@
 """The package layout, the light-import rule and the CLI's contract (exit codes, one-line errors)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,33 @@ def test_no_import_circle_between_modules_or_packages():
     known = [{package(m) for m in c} for c in KNOWN_CIRCLES]
     circles = [sorted(c) for c in _circles(packages) if c not in known]
     assert not circles, f"package import circles: {circles}"
+
+
+# `section.get("key", default)` / `getattr(cfg, "key", default)` on a config: a default restated outside configs/.
+CONFIG_DEFAULT = re.compile(r"""\b(?:config|cfg|conf|section|[a-z]+_cfg)(?:\.[a-z_]+)*\.get\(\s*["'][a-z_]+["']\s*,"""
+                            r"""|getattr\((?:config|cfg|[a-z]+_cfg)(?:\.[a-z_]+)*,\s*["'][a-z_]+["'],""")
+# Issue 55 item 1, in the files of this issue's house part; the other owners' files (serve, rl, cli, the engine, the
+# tokenizer, envs/base.py) join this list as their issues land.
+NO_CONFIG_DEFAULTS = ["kernels", "envs/pool.py", "envs/mixture.py", "envs/simulated", "envs/adb", "envs/context.py",
+                      "harness/config.py", "harness/runtime.py", "harness/memory", "harness/evolution.py",
+                      "mpa_jax/data", "mpa_jax/eval", "mpa_jax/commands/harness.py", "mpa_jax/commands/demo.py"]
+
+
+def test_the_pattern_for_restated_config_defaults():
+    assert CONFIG_DEFAULT.search('slot_len=int(config.serve.get("slot_len", 1024))')
+    assert CONFIG_DEFAULT.search('int(section.get("concurrency", 8))') and CONFIG_DEFAULT.search('memory_cfg.get("path", "")')
+    assert CONFIG_DEFAULT.search('getattr(cfg, "skills", True)')
+    assert not CONFIG_DEFAULT.search('t.provenance.get("category", "?")') and not CONFIG_DEFAULT.search("config.harness.top_k")
+
+
+def test_configs_are_the_only_source_of_defaults():
+    """configs/ is the one source of defaults: no `section.get(key, default)` on a config section."""
+    hits = []
+    for rel in NO_CONFIG_DEFAULTS:
+        paths = [ROOT / rel] if rel.endswith(".py") else sorted((ROOT / rel).rglob("*.py"))
+        for path in paths:
+            hits += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in CONFIG_DEFAULT.finditer(path.read_text())]
+    assert not hits, hits
 
 
 def _mpa(*args, cwd=None):
