@@ -215,7 +215,6 @@ def get_config() -> ml_collections.ConfigDict:
     # AI for Data (mpa_jax/data): construction, curation, feedback. (issue 18)
     c.data = ml_collections.ConfigDict()
     c.data.tasks_per_round = 400  # new gated train tasks constructed per round (weighted by competence; fresh instance seeds)
-    c.data.oracle_variants = 1
     c.data.policy_tasks = 16  # train tasks the current policy attempts per round (its verified successes join the data)
     c.data.teacher_url = ""  # OpenAI-compatible endpoint for teacher trajectories; empty = no teacher
     c.data.teacher_model = "teacher"
@@ -258,7 +257,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.eval_split = "dev"
     c.loop.eval_seen = 32
     c.loop.eval_held_out = 16
-    c.loop.harness_review = "auto"  # review policy for mined harness proposals: auto | manual
     c.loop.release_gate_tasks = 24  # a released harness version must not lower success on this many train tasks (0 = no gate)
     c.loop.export_dtype = "bfloat16"
 
@@ -292,7 +290,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness.memory_store = ""  # one persistent memory store for all episodes; empty = per-episode, from the task's history
     c.harness.memory_tokens = 512  # budget of the memory block in the system prompt
     c.harness.review = ml_collections.ConfigDict()
-    c.harness.review.policy = "manual"  # manual | auto (experiments only: the version manifest says so)
+    # manual | auto (the version manifest says so): `mpa harness mine` and the loop's harness stage; the loop
+    # runs unattended, so this CPU/demo config approves automatically (`--config.harness.review.policy=manual`)
+    c.harness.review.policy = "auto"
 
     # Environments (issue 16): kwargs per env kind reach make_env(kind, config=c); `concurrency` and
     # `timeout_s` are the worker pool's per-kind limits; `mixture` weights the kinds' episodes.
@@ -313,8 +313,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory.paraphrase = 0.3  # share of update/instruction/preference questions worded unlike the history
     c.memory.budget_tokens = 2048  # context budget of memory and of the long-context baseline (ceil(chars/4))
     c.memory.reader = "scripted"  # scripted | openai | none (answer accuracy in `mpa memory eval`)
-    c.memory.path = ""  # harness: "" = one in-memory store per episode (its Task's history); else a persistent store
-    c.memory.context_tokens = 512  # harness: memory block added to the planner's system prompt
     c.memory.store = ml_collections.ConfigDict()
     c.memory.store.recency_weight = 0.3
     c.memory.store.entity_weight = 1.0

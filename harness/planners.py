@@ -104,16 +104,14 @@ class EnginePlanner:
     name = "engine"
 
     def __init__(self, engine: Any, tokenizer: Any, max_new_tokens: int = 256, temperature: float = 0.0,
-                 seed: int = 0, params_cls: Any = None) -> None:
+                 seed: int = 0, *, params_cls: Any) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
         self._params_cls = params_cls
         self._n = 0
 
     def _params(self) -> Any:
-        cls = self._params_cls
-        if cls is None:
-            from mpa_jax.rollout.types import SamplingParams as cls  # types.py is jax-free by contract
+        cls = self._params_cls  # the engine's SamplingParams, passed in: the harness never imports the rollout package
         stops = [self.tokenizer.token_id("<|im_end|>"), *getattr(self.tokenizer, "eos_token_ids", [])]
         return cls(max_new_tokens=self.max_new_tokens, temperature=self.temperature, stop_token_ids=tuple(dict.fromkeys(stops)))
 

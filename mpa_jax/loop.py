@@ -184,7 +184,7 @@ class Loop:
 
             train = load_tasks("train", seed=int(cfg.tasks.seed), per_template=int(cfg.tasks.per_template))
             tasks = list(train[: int(cfg.oracle.max_tasks)] if int(cfg.oracle.max_tasks) > 0 else train) + tasks
-        trajs += collector.oracle(tasks, seed=int(cfg.seed) + round_index, variants=int(d.oracle_variants))
+        trajs += collector.oracle(tasks, seed=int(cfg.seed) + round_index, variants=int(cfg.oracle.variants))
         if str(d.teacher_url) and int(d.teacher_tasks) > 0:
             client = TeacherClient(str(d.teacher_url), model=str(d.teacher_model))
             trajs += collector.teacher(tasks[: int(d.teacher_tasks)], client, max_turns=int(cfg.rollout.max_turns))
@@ -283,7 +283,7 @@ class Loop:
 
     def harness(self, round_index: int, eval_result: dict[str, Any], data_result: dict[str, Any] | None,
                 rollouts_dir: str = "") -> dict[str, Any]:
-        """Mine failure traces into proposals, review them by `config.loop.harness_review`, release a version
+        """Mine failure traces into proposals, review them by `config.harness.review.policy`, release a version
         when any is approved (harness evolution). Proposals come from the training side only (the round's
         data: curated episodes and the failures kept apart; its RL rollouts), so the evaluation tasks never
         shape the harness they are measured with; the evaluation's failures are clustered for the report."""
@@ -317,7 +317,7 @@ class Loop:
         store = HarnessStore(evolution.store_path(root))
         try:
             proposals = evolution.mine(episodes)
-            policy = str(self.config.loop.harness_review)
+            policy = str(self.config.harness.review.policy)
             added = evolution.submit(store, proposals, policy=policy)
             version = evolution.release(store, root, episodes)
         finally:
@@ -341,7 +341,7 @@ class Loop:
             base["gate"] = gate
         if version is None:
             why = ("no proposals mined" if not proposals else
-                   f"{len(added)} proposal(s) queued for review (loop.harness_review={policy!r}); none approved yet")
+                   f"{len(added)} proposal(s) queued for review (harness.review.policy={policy!r}); none approved yet")
             return {**base, "proposals": len(proposals), "queued": len(added), "skipped": f"release: {why}"}
         return {**base, "proposals": len(proposals), "queued": len(added), "version": version,
                 "version_dir": os.path.join(root, "versions", version), "changes": changes}
