@@ -89,7 +89,7 @@ def add_start_argument(parser: argparse.ArgumentParser, *, required: bool = Fals
 def _resumed_start(command: str, workdir: str) -> str | None:
     """The start a run directory was begun from (its card's recipe.start), when the same command
     continues it without naming one: `mpa rl --workdir runs/rl` resumes with its model and tokenizer."""
-    from mpa_jax.start import CARD
+    from mpa_jax.card import CARD
 
     path = os.path.join(workdir, CARD)
     if not os.path.isfile(path):

@@ -136,7 +136,7 @@ def export_checkpoint(
     """Write the HF directory for a run dir, its `checkpoints/` dir or one step dir (latest step when not given).
 
     `dtype`: "bfloat16" or "float32" tensors out. `tokenizer_dir`: tokenizer files copied alongside.
-    The directory also gets its card, `mpa_checkpoint.json` (`mpa_jax.start.card_for_export`: the model,
+    The directory also gets its card, `mpa_checkpoint.json` (`mpa_jax.card.card_for_export`: the model,
     tokenizer, chat template, and the run's context format and recipe). Returns `out_dir`.
     """
     from mpa_jax import models
@@ -164,10 +164,10 @@ def export_checkpoint(
     import jax
 
     if jax.process_index() == 0:
-        from mpa_jax import start
+        from mpa_jax import card
 
         run_dir = os.path.dirname(root) if os.path.basename(root) == "checkpoints" else root
-        start.write_json(os.path.join(out, start.CARD), start.card_for_export(run_dir, out, cfg.to_hf(), os.path.join(root, str(step))))
+        card.write_json(os.path.join(out, card.CARD), card.card_for_export(run_dir, out, cfg.to_hf(), os.path.join(root, str(step))), default=str)
     return out
 
 

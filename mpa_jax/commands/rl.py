@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.cli import UserError
     from mpa_jax.rl.trainer import RLDiverged, run_rl
-    from mpa_jax.start import stamp_run_dir
+    from mpa_jax.card import stamp_run_dir
     from mpa_jax.train import CheckpointError
 
     try:

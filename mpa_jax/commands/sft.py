@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
                                log=print, samples=max(0, args.eval_samples), ks=ks, temperature=args.eval_temperature)
     elif args.eval_samples or args.eval_pass_k:
         raise UserError("--eval-samples/--eval-pass-k need --eval-success N and/or --eval-held-out M (the tasks)")
-    from mpa_jax.start import stamp_run_dir, write_hf_card
+    from mpa_jax.card import stamp_run_dir, write_hf_card
 
     recipe = dict(command=getattr(args, "command_line", None), config_file=getattr(args, "config_file", None),
                   start=args.start.path if getattr(args, "start", None) else None)

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.sft.starter import build_starter
     from mpa_jax.train import CheckpointError
 
-    from mpa_jax.start import stamp_run_dir
+    from mpa_jax.card import stamp_run_dir
 
     try:
         # the run's card first: the export (and so the starter directory) carries its recipe and context format
