@@ -1,4 +1,8 @@
-"""`mpa serve --config ... --checkpoint DIR [--host H] [--port N]`: the embedded engine behind HTTP.
+"""`mpa serve --checkpoint DIR [--served-model-name NAME] [--api-key KEY] [--host H] [--port N]`: the
+embedded engine behind HTTP (docs/serving.md).
+
+No config is needed: context length, tokenizer and context format (how tools are shown, reasoning) come
+from the checkpoint (`checkpoint_context`); the config's `serve` section gives the server's limits.
 
 Serves the SGLang-native subset (`/generate`, `/update_weights_from_disk`, `/flush_cache`, `/health`,
 `/health_generate`, `/model_info`, `/server_info`, `/get_load`: what sglang-router asks a worker) and OpenAI `POST /v1/chat/completions` (tools, streaming, n,
@@ -9,12 +13,23 @@ equivalent `python -m sglang.launch_server` command for the checkpoint instead o
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import json
 import os
+import sys
 from typing import Any
+
+API_KEY_ENV = "MPA_API_KEY"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("example: mpa serve --checkpoint starter --port 0   (then point an OpenAI client at the printed URL + /v1;"
+                     " docs/serving.md)")
     parser.add_argument("--checkpoint", default=None, help="exported Hugging Face checkpoint directory (default: untrained model)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model id clients name (default: the checkpoint directory's name); requests naming another get 404")
+    parser.add_argument("--api-key", default=None,
+                        help=f"require `Authorization: Bearer KEY` on every route but /health (default: ${API_KEY_ENV}, else config.serve.api_key)")
     parser.add_argument("--host", default=None, help="address to bind (default: config.serve.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default: config.serve.port; 0 = any free port)")
     parser.add_argument("--print-sglang", action="store_true", help="print the sglang.launch_server command for --checkpoint and exit")
@@ -49,11 +64,21 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     from mpa_jax.rollout.engines import RolloutSetupError, load_rollout_tokenizer, make_engine
     from mpa_jax.rollout.server import create_app, serve_forever
+    from mpa_jax.rollout.server.guard import Limits
 
     if str(config.rollout.engine) != "jax":
         raise UserError("mpa serve runs the embedded engine: set --config.rollout.engine=jax")
-    if str(config.serve.get("batcher", "auto")) not in ("auto", "slots", "call"):
+    if str(config.serve.batcher) not in ("auto", "slots", "call"):
         raise UserError(f"config.serve.batcher must be auto, slots or call, got {config.serve.batcher!r}")
+    try:
+        limits = Limits.from_config(config.serve)
+        context, source = checkpoint_context(args.checkpoint, config)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    api_key = resolve_api_key(args.api_key, config.serve)
+    name = args.served_model_name or served_name(args.checkpoint, config)
+    if not name.strip():
+        raise UserError("--served-model-name must not be empty")
     try:
         tokenizer = load_rollout_tokenizer(config, args.checkpoint, args.workdir)
         # The engine never samples an id the tokenizer cannot decode (padded embedding rows).
@@ -69,12 +94,73 @@ def run(args: argparse.Namespace, config: Any) -> int:
         tokenizer,
         model_path=os.path.abspath(args.checkpoint) if args.checkpoint else "",
         tokenizer_path=os.path.abspath(tok_dir) if tok_dir else str(config.tokenizer.get("path", "") or ""),
-        served_model_name=str(config.get("name", "mpa")),
+        served_model_name=name,
         max_batch=int(config.serve.max_batch),
         default_max_new_tokens=int(config.serve.max_new_tokens),
-        batcher=str(config.serve.get("batcher", "auto")),
-        slot_len=int(config.serve.get("slot_len", 1024)),
-        slot_chunk=int(config.serve.get("slot_chunk", 8)),
+        batcher=str(config.serve.batcher),
+        slot_len=int(config.serve.slot_len),
+        slot_chunk=int(config.serve.slot_chunk),
+        context=context,
+        api_key=api_key,
+        limits=limits,
     )
-    serve_forever(app, host, port, on_start=lambda url: print(f"mpa serve: {url} (weights {engine.weight_version})", flush=True))
+    if not api_key and not is_loopback(host):
+        print(f"mpa serve: warning: binding {host} (not loopback) without an API key: anyone who can reach this port"
+              f" can use the model; set --api-key or ${API_KEY_ENV}", file=sys.stderr, flush=True)
+    positions = getattr(getattr(engine, "cfg", None), "max_position_embeddings", "?")
+
+    def started(url: str) -> None:
+        print(f"mpa serve: {url} model {name!r} (weights {engine.weight_version}, context {positions} tokens,"
+              f" tools {context.format}, reasoning {context.reasoning} from {source}; auth {'on' if api_key else 'off'})",
+              flush=True)
+
+    try:
+        serve_forever(app, host, port, on_start=started)
+    except OSError as e:
+        raise UserError(str(e)) from None
     return 0
+
+
+def checkpoint_context(checkpoint: str | None, config: Any) -> tuple[Any, str]:
+    """(ContextFormat, where it came from): the checkpoint's own (its datasheet's `context`, written by
+    `mpa starter`), else the config's `context` section (json tools with reasoning: real Qwen checkpoints)."""
+    from mpa_jax.envs.context import ContextFormat
+
+    if checkpoint is not None:
+        path = os.path.join(checkpoint, "datasheet.json")
+        if os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    ctx = json.load(f).get("context")
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{path}: cannot read ({e})") from None
+            if isinstance(ctx, dict):
+                try:
+                    return ContextFormat(str(ctx.get("format")), str(ctx.get("reasoning"))), path
+                except ValueError as e:
+                    raise ValueError(f"{path}: context: {e}") from None
+    return ContextFormat.from_config(config), "config.context"
+
+
+def served_name(checkpoint: str | None, config: Any) -> str:
+    """The default model id: the checkpoint directory's name, else the config's name."""
+    if checkpoint:
+        return os.path.basename(os.path.normpath(os.path.abspath(checkpoint)))
+    return str(config.name)
+
+
+def resolve_api_key(flag: str | None, serve: Any) -> str:
+    """--api-key, else $MPA_API_KEY, else config.serve.api_key ("" = no key)."""
+    if flag is not None:
+        return flag
+    return os.environ.get(API_KEY_ENV) or str(serve.api_key)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -37,7 +37,7 @@ def test_openai_chat_with_tools_returns_parsed_tool_calls(tok):
     engine = ScriptedEngine(tok, [reply, "Your alarm is set for 7:00."])
     with ServerThread(create_app(engine, tok)) as server:
         messages = [{"role": "user", "content": "wake me at 7"}]
-        r = httpx.post(server.url + "/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS, "temperature": 0})
+        r = httpx.post(server.url + "/v1/chat/completions", json={"model": "mpa", "messages": messages, "tools": TOOLS, "temperature": 0})
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
         assert choice["finish_reason"] == "tool_calls"
