@@ -104,9 +104,9 @@ def run(args: argparse.Namespace, config: Any) -> int:
         api_key=api_key,
         limits=limits,
     )
-    if not api_key and not is_loopback(host):
-        print(f"mpa serve: warning: binding {host} (not loopback) without an API key: anyone who can reach this port"
-              f" can use the model; set --api-key or ${API_KEY_ENV}", file=sys.stderr, flush=True)
+    warning = bind_warning(host, api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     positions = getattr(getattr(engine, "cfg", None), "max_position_embeddings", "?")
 
     def started(url: str) -> None:
@@ -154,6 +154,14 @@ def resolve_api_key(flag: str | None, serve: Any) -> str:
     if flag is not None:
         return flag
     return os.environ.get(API_KEY_ENV) or str(serve.api_key)
+
+
+def bind_warning(host: str, api_key: str) -> str | None:
+    """The warning for a server anyone on the network can use (a non-loopback address, no API key)."""
+    if api_key or is_loopback(host):
+        return None
+    return (f"mpa serve: warning: binding {host} (not loopback) without an API key: anyone who can reach this port"
+            f" can use the model; set --api-key or ${API_KEY_ENV}")
 
 
 def is_loopback(host: str) -> bool:

@@ -49,7 +49,7 @@ from mpa_jax.envs.context import ContextFormat
 from mpa_jax.rollout.server import openai as oa
 from mpa_jax.rollout.server import render
 from mpa_jax.rollout.server.batcher import Batcher
-from mpa_jax.rollout.server.guard import Guard, Limits
+from mpa_jax.rollout.server.guard import Admission, Guard, Limits
 from mpa_jax.rollout.server.slot_batcher import SlotBatcher
 from mpa_jax.rollout.slots import slot_support
 from mpa_jax.rollout.server.protocol import (
@@ -139,7 +139,8 @@ def create_app(
     app = FastAPI(title="mpa serve", version="0.2.0", lifespan=lifespan)
     unbounded = 1 << 62
     limits = limits or Limits(unbounded, unbounded, unbounded, unbounded, unbounded)
-    app.add_middleware(Guard, api_key=api_key, limits=limits)
+    app.state.admission = Admission(limits.max_concurrent_requests, limits.max_queued_requests)
+    app.add_middleware(Guard, api_key=api_key, limits=limits, admission=app.state.admission)
     state = {"model_path": model_path}
     load = _Load()  # rows and tokens of the requests being answered (`/get_load`)
     default_stop = list(getattr(tokenizer, "eos_token_ids", []) or [])

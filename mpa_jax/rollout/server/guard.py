@@ -70,7 +70,8 @@ async def send_error(send: Callable[[dict[str, Any]], Awaitable[None]], status: 
 class Admission:
     """Turns for generation requests: `running` at most `max_running`, `waiting` at most `max_waiting`.
 
-    Single event loop: plain integers and one semaphore suffice.
+    Single event loop: plain integers and one semaphore suffice (the semaphore binds to the loop that
+    first waits on it).
     """
 
     def __init__(self, max_running: int, max_waiting: int) -> None:
@@ -99,11 +100,11 @@ class Admission:
 class Guard:
     """The ASGI middleware described in the module docstring."""
 
-    def __init__(self, app: Any, api_key: str, limits: Limits) -> None:
+    def __init__(self, app: Any, api_key: str, limits: Limits, admission: Admission) -> None:
         self.app = app
         self.key = api_key.encode() if api_key else b""
         self.limits = limits
-        self.admission: Admission | None = None  # created inside the running loop
+        self.admission = admission
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         for name, value in scope.get("headers", []):
@@ -126,8 +127,6 @@ class Guard:
             return
         gated = path in GENERATION_PATHS
         if gated:
-            if self.admission is None:
-                self.admission = Admission(self.limits.max_concurrent_requests, self.limits.max_queued_requests)
             if self.admission.full():
                 a = self.admission
                 await send_error(send, 429, f"server busy: {a.running} requests running and {a.waiting} queued"
@@ -139,7 +138,6 @@ class Guard:
             await self._sized(scope, receive, send)
         finally:
             if gated:
-                assert self.admission is not None
                 self.admission.leave()
 
     async def _sized(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
