@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -45,6 +46,8 @@ def _start_serve(*extra: str) -> tuple[subprocess.Popen, str]:
         m = re.search(r"mpa serve: (http://127\.0\.0\.1:(\d+))", line)
         if m:
             assert int(m.group(2)) > 0, line  # --port 0 prints the port the system picked
+            # Keep reading the server's log: a full pipe would block the server's event loop.
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
             return proc, m.group(1)
     proc.kill()
     raise AssertionError("mpa serve did not print its URL:\n" + "".join(seen[-20:]))

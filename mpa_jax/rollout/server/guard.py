@@ -2,16 +2,19 @@
 
 One ASGI middleware (`Guard`), in this order:
 
-1. API key (when one is set): `Authorization: Bearer KEY` on every route but `/health` (and CORS
+1. Declared body size: a `Content-Length` above `max_body_bytes` is a 413 before any byte of the body
+   is read (and the connection is closed).
+2. API key (when one is set): `Authorization: Bearer KEY` on every route but `/health` (and CORS
    preflights), compared in constant time, as SGLang's and vLLM's `--api-key`; else 401.
-2. Admission (generation routes: `/generate`, `/v1/chat/completions`, `/v1/completions`): at most
+3. Admission (generation routes: `/generate`, `/v1/chat/completions`, `/v1/completions`): at most
    `max_concurrent_requests` are answered at once and `max_queued_requests` wait for a turn; one more
    is a 429 with `Retry-After`. A request holds its turn until its response (stream included) ends.
    Admission comes before the body is read, so bodies in memory are bounded by the running requests.
-3. Body size: a `Content-Length` above `max_body_bytes` is a 413 before any byte of the body is read; a
-   body without one (chunked) is read up to the limit and refused with 413 the moment it passes it.
+4. A body without `Content-Length` (chunked) is kept up to the limit; past it nothing more is kept,
+   the rest is drained (up to 16x the limit, so the client can read the answer) and the answer is 413.
 
 Each refusal is one JSON line in OpenAI's error shape (`{"error": {"message", "type", "code", "param"}}`).
+A 401 or 429 first reads and drops the (bounded) body, so a keep-alive connection stays in step.
 Limits on prompt characters and tokens are checked in the routes (`Limits`, after parsing).
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Awaitable, Callable
 
 GENERATION_PATHS = frozenset({"/generate", "/v1/chat/completions", "/v1/completions"})
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
+LINGER_FACTOR = 16  # a chunked body over the limit is drained (not kept) up to this many times the limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,56 +122,84 @@ class Guard:
             await self.app(scope, receive, send)
             return
         path, method = scope["path"], scope["method"]
+        limit = self.limits.max_body_bytes
+        length = next((v for k, v in scope.get("headers", []) if k == b"content-length"), None)
+        if length is not None:  # declared: refused before anything else, without reading a byte
+            try:
+                declared = int(length)
+            except ValueError:
+                await send_error(send, 400, "Content-Length is not a number", "content-length", [(b"connection", b"close")])
+                return
+            if declared > limit:  # the connection is closed after the answer: the body is never read
+                await send_error(send, 413, f"request body larger than serve.max_body_bytes ({limit} bytes):"
+                                 f" Content-Length {declared}", "body", [(b"connection", b"close")])
+                return
         if self.key and path not in OPEN_PATHS and method != "OPTIONS" and not self._authorized(scope):
-            await send_error(send, 401, "missing or wrong API key: send the header `Authorization: Bearer KEY`",
-                             "authorization", [(b"www-authenticate", b"Bearer")])
+            await self._refuse(receive, send, 401, "missing or wrong API key: send the header `Authorization: Bearer KEY`",
+                               "authorization", [(b"www-authenticate", b"Bearer")])
             return
-        if method != "POST":
-            await self.app(scope, receive, send)
-            return
-        gated = path in GENERATION_PATHS
+        gated = method == "POST" and path in GENERATION_PATHS
         if gated:
             if self.admission.full():
                 a = self.admission
-                await send_error(send, 429, f"server busy: {a.running} requests running and {a.waiting} queued"
-                                 f" (serve.max_concurrent_requests={a.max_running}, serve.max_queued_requests="
-                                 f"{a.max_waiting}); retry later", None, [(b"retry-after", b"1")])
+                await self._refuse(receive, send, 429, f"server busy: {a.running} requests running and {a.waiting} queued"
+                                   f" (serve.max_concurrent_requests={a.max_running}, serve.max_queued_requests="
+                                   f"{a.max_waiting}); retry later", None, [(b"retry-after", b"1")])
                 return
             await self.admission.enter()
         try:
-            await self._sized(scope, receive, send)
+            if length is not None or method != "POST":
+                await self.app(scope, receive, send)
+            else:
+                await self._chunked(scope, receive, send)
         finally:
             if gated:
                 self.admission.leave()
 
-    async def _sized(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """The app behind the body-size check."""
+    async def _refuse(self, receive: Any, send: Any, status: int, message: str, param: str | None,
+                      headers: list[tuple[bytes, bytes]]) -> None:
+        """An early answer. The request's body (at most the limit when declared, else up to LINGER_FACTOR
+        times it) is read and dropped first, so the connection stays usable for the client's next
+        request; a body that does not end there gets the connection closed."""
+        complete = await self._drain(receive, LINGER_FACTOR * self.limits.max_body_bytes)
+        await send_error(send, status, message, param, headers + ([] if complete else [(b"connection", b"close")]))
+
+    @staticmethod
+    async def _drain(receive: Any, cap: int) -> bool:
+        """Read and drop the request body, up to `cap` bytes; True when it ended within them."""
+        size = 0
+        while size <= cap:
+            message = await receive()
+            if message["type"] != "http.request":
+                return False
+            size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return True
+        return False
+
+    async def _chunked(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """A body without Content-Length: read here up to the limit (413 the moment it passes), then
+        handed to the app whole."""
         limit = self.limits.max_body_bytes
-        length = next((v for k, v in scope.get("headers", []) if k == b"content-length"), None)
-        too_big = f"request body larger than serve.max_body_bytes ({limit} bytes)"
-        if length is not None:
-            try:
-                declared = int(length)
-            except ValueError:
-                await send_error(send, 400, "Content-Length is not a number", "content-length")
-                return
-            if declared > limit:
-                await send_error(send, 413, f"{too_big}: Content-Length {declared}", "body")
-                return
-            await self.app(scope, receive, send)
-            return
-        # No Content-Length (chunked): read the body here, up to the limit, and hand it on whole.
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client went away
                 return
             size += len(message.get("body", b""))
+            more = message.get("more_body", False)
             if size > limit:
-                await send_error(send, 413, too_big, "body")
+                # Past the limit nothing more is kept. The rest (up to LINGER_FACTOR times the limit) is
+                # read and dropped first, so that a client still writing its body is not cut off and
+                # reads the 413; beyond that the connection is closed.
+                chunks.clear()
+                complete = not more or await self._drain(receive, LINGER_FACTOR * limit - size)
+                await send_error(send, 413, f"request body larger than serve.max_body_bytes ({limit} bytes)", "body",
+                                 [] if complete else [(b"connection", b"close")])
                 return
             chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
+            if not more:
                 break
         body = b"".join(chunks)
         replayed = False
