@@ -171,3 +171,21 @@ def test_api_key_resolution_loopback_and_config_keys(monkeypatch):
     assert bind_warning("0.0.0.0", "k") is None and bind_warning("127.0.0.1", "") is None
     with pytest.raises(ValueError, match="max_queued_requests"):
         Limits(1, 1, 1, 1, -1)
+
+
+def test_the_projects_sglang_client_and_fleet_send_the_key(tok):
+    """`SGLangEngine` (the RL trainer's client for SGLang servers and `mpa serve`), single and as a fleet of
+    two workers, against servers that require the key."""
+    from mpa_jax.rollout.sglang import SGLangEngine
+    from mpa_jax.rollout.types import EngineError, SamplingParams
+
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(tok.token_id("<|im_end|>"),))
+    want = tok.encode("hi") + [tok.token_id("<|im_end|>")]
+    with ServerThread(create_app(ScriptedEngine(tok, ["hi"]), tok, api_key=KEY)) as a, \
+            ServerThread(create_app(ScriptedEngine(tok, ["hi"]), tok, api_key=KEY)) as b:
+        for engine in (SGLangEngine(a.url, router=False, api_key=KEY, max_retries=0),
+                       SGLangEngine(workers=[a.url, b.url], api_key=KEY, max_retries=0)):
+            results = engine.generate([tok.encode("hello"), tok.encode("there")], params, seeds=[1, 2])
+            assert [r.token_ids for r in results] == [want, want]
+        with pytest.raises(EngineError, match="401"):
+            SGLangEngine(a.url, router=False, max_retries=0).generate([tok.encode("hello")], params, seeds=[1])
