@@ -748,7 +748,8 @@ def engine_from_config(
             export_root=export_root,
             weight_version=weight_version,
             vocab_limit=vocab_limit,
-            api_key=os.environ.get("MPA_API_KEY") or str(config.serve.api_key),  # the servers' key (mpa serve's too)
+            # the servers' key (`mpa serve --api-key`'s too): $MPA_API_KEY, else config.serve.api_key
+            api_key=os.environ.get("MPA_API_KEY") or (str(config.serve.api_key) if "serve" in config else ""),
         )
     except ValueError as e:
         raise ValueError(f"config.rollout (sglang_url={url!r}, sglang_workers={workers!r}): {e}") from None
