@@ -210,26 +210,17 @@ def load_starter(path: str) -> Starter:
 
 
 def with_starter(config: Any, starter: Starter) -> Any:
-    """A copy of `config` pointed at the starter: its model shape, its tokenizer, its context format; training
-    starts from its weights and packs and computes like its recipe."""
-    from mpa_jax import models
+    """A copy of `config` pointed at the starter: its model shape, its tokenizer, its context format
+    (`mpa_jax.start.config_for_start`, the fitting every `--checkpoint` gets); training starts from its
+    weights and packs and computes like its recipe."""
+    from mpa_jax.start import config_for_start, resolve_start
 
-    config = config.copy_and_resolve_references()
-    cfg = models.ModelConfig.from_hf(starter.hf_config)
-    for key, value in cfg.to_hf().items():
-        if key in config.model and not isinstance(value, (dict, list)):
-            config.model[key] = value
-    config.model.init_from = os.path.abspath(starter.path)
-    config.tokenizer.path = os.path.abspath(starter.path)
-    ctx = starter.datasheet.get("context", {})
-    config.context.format = ctx.get("format", "json")
-    config.context.reasoning = ctx.get("reasoning", "full")
+    config = config_for_start(config, resolve_start(starter.path), log=lambda _line: None)
     recipe = starter.datasheet.get("recipe", {})
     for key in ("sft.seq_len", "model.compute_dtype"):  # the refresh packs and computes like the starter's recipe
         if key in recipe:
             section, name = key.split(".")
             config[section][name] = recipe[key]
-    config.rollout.max_total_tokens = min(int(config.rollout.max_total_tokens), int(cfg.max_position_embeddings))
     return config
 
 

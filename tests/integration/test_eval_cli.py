@@ -47,7 +47,7 @@ def test_eval_writes_metrics_for_k_runs(tmp_path, cache):
 
 def test_eval_bad_input_exits_2(tmp_path, cache):
     res = _mpa(tmp_path, cache, "--checkpoint", str(tmp_path / "nope"))
-    assert res.returncode == 2 and "no such directory" in res.stderr and res.stderr.count("\n") == 1
+    assert res.returncode == 2 and f"no checkpoint at {tmp_path / 'nope'}" in res.stderr and res.stderr.count("\n") == 1
     res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--harness", "sometimes")
     assert res.returncode == 2 and "--harness must be one of" in res.stderr
     res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--samples", "2", "--pass-k", "3")
