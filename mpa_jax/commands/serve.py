@@ -1,8 +1,9 @@
 """`mpa serve --checkpoint DIR [--served-model-name NAME] [--api-key KEY] [--host H] [--port N]`: the
 embedded engine behind HTTP (docs/serving.md).
 
-No config is needed: context length, tokenizer and context format (how tools are shown, reasoning) come
-from the checkpoint (`checkpoint_context`); the config's `serve` section gives the server's limits.
+No config is needed: `--checkpoint` is a start as every command names one (an HF directory, an orbax run
+directory or `starter`; `mpa_jax.start`), and context length, tokenizer and context format (how tools are
+shown, reasoning) come from it; the config's `serve` section gives the server's limits.
 
 Serves the SGLang-native subset (`/generate`, `/update_weights_from_disk`, `/flush_cache`, `/health`,
 `/health_generate`, `/model_info`, `/server_info`, `/get_load`: what sglang-router asks a worker) and OpenAI `POST /v1/chat/completions` (tools, streaming, n,
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import json
 import os
 import sys
 from typing import Any
@@ -25,9 +25,11 @@ API_KEY_ENV = "MPA_API_KEY"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("example: mpa serve --checkpoint starter --port 0   (then point an OpenAI client at the printed URL + /v1;"
                      " docs/serving.md)")
-    parser.add_argument("--checkpoint", default=None, help="exported Hugging Face checkpoint directory (default: untrained model)")
+    from mpa_jax.cli import add_start_argument
+
+    add_start_argument(parser, extra="; default: config.model.init_from, else the config's untrained model")
     parser.add_argument("--served-model-name", default=None,
-                        help="the model id clients name (default: the checkpoint directory's name); requests naming another get 404")
+                        help="the model id clients name (default: the checkpoint's name, e.g. starter); requests naming another get 404")
     parser.add_argument("--api-key", default=None,
                         help=f"require `Authorization: Bearer KEY` on every route but /health (default: ${API_KEY_ENV}, else config.serve.api_key)")
     parser.add_argument("--host", default=None, help="address to bind (default: config.serve.host, 127.0.0.1)")
@@ -47,15 +49,17 @@ def run(args: argparse.Namespace, config: Any) -> int:
     port = int(config.serve.port) if args.port is None else args.port
     if not 0 <= port < 65536:
         raise UserError(f"--port must be in 0..65535, got {port}")
-    if args.checkpoint is not None and not os.path.isdir(args.checkpoint):
-        raise UserError(f"--checkpoint {args.checkpoint} is not a directory")
+    # The CLI resolved --checkpoint (`mpa_jax.start`) and fitted the config to it: its HF directory is
+    # config.model.init_from, its tokenizer config.tokenizer.path, its context format config.context.
+    start = getattr(args, "start", None)
+    ckpt = str(config.model.init_from) if start is not None else None
     if args.print_sglang:
         from mpa_jax.rollout.launch import format_command, sglang_launch_command
 
-        if args.checkpoint is None:
-            raise UserError("--print-sglang needs --checkpoint (an exported HF directory)")
+        if ckpt is None:
+            raise UserError("--print-sglang needs --checkpoint (an HF directory, a run directory or starter)")
         try:
-            cmd = sglang_launch_command(args.checkpoint, host=host, port=port or 30000, tp=args.tp, dp=args.dp,
+            cmd = sglang_launch_command(ckpt, host=host, port=port or 30000, tp=args.tp, dp=args.dp,
                                         mem_fraction=args.mem_fraction, deterministic=args.deterministic)
         except ValueError as e:
             raise UserError(str(e)) from None
@@ -70,29 +74,32 @@ def run(args: argparse.Namespace, config: Any) -> int:
         raise UserError("mpa serve runs the embedded engine: set --config.rollout.engine=jax")
     if str(config.serve.batcher) not in ("auto", "slots", "call"):
         raise UserError(f"config.serve.batcher must be auto, slots or call, got {config.serve.batcher!r}")
+    from mpa_jax.envs.context import ContextFormat
+
     try:
         limits = Limits.from_config(config.serve)
-        context, source = checkpoint_context(args.checkpoint, config)
+        context = ContextFormat.from_config(config)
     except ValueError as e:
         raise UserError(str(e)) from None
+    source = "the checkpoint's card" if start is not None and start.context else "config.context"
     api_key = resolve_api_key(args.api_key, config.serve)
-    name = args.served_model_name or served_name(args.checkpoint, config)
+    name = args.served_model_name or (start.name if start is not None else str(config.name))
     if not name.strip():
         raise UserError("--served-model-name must not be empty")
     try:
-        tokenizer = load_rollout_tokenizer(config, args.checkpoint, args.workdir)
+        tokenizer = load_rollout_tokenizer(config, ckpt, args.workdir)
         # The engine never samples an id the tokenizer cannot decode (padded embedding rows).
-        engine = make_engine(config, args.checkpoint, tokenizer=tokenizer)
+        engine = make_engine(config, ckpt, tokenizer=tokenizer)
     except RolloutSetupError as e:
         raise UserError(str(e)) from None
     from mpa_jax import tokenizer as tk
 
     # Where the tokenizer came from, for `/server_info` (sglang-router registers it with the worker).
-    tok_dir = args.checkpoint if args.checkpoint and tk.is_tokenizer_dir(args.checkpoint) else None
+    tok_dir = ckpt if ckpt and tk.is_tokenizer_dir(ckpt) else None
     app = create_app(
         engine,
         tokenizer,
-        model_path=os.path.abspath(args.checkpoint) if args.checkpoint else "",
+        model_path=os.path.abspath(ckpt) if ckpt else "",
         tokenizer_path=os.path.abspath(tok_dir) if tok_dir else str(config.tokenizer.get("path", "") or ""),
         served_model_name=name,
         max_batch=int(config.serve.max_batch),
@@ -119,34 +126,6 @@ def run(args: argparse.Namespace, config: Any) -> int:
     except OSError as e:
         raise UserError(str(e)) from None
     return 0
-
-
-def checkpoint_context(checkpoint: str | None, config: Any) -> tuple[Any, str]:
-    """(ContextFormat, where it came from): the checkpoint's own (its datasheet's `context`, written by
-    `mpa starter`), else the config's `context` section (json tools with reasoning: real Qwen checkpoints)."""
-    from mpa_jax.envs.context import ContextFormat
-
-    if checkpoint is not None:
-        path = os.path.join(checkpoint, "datasheet.json")
-        if os.path.isfile(path):
-            try:
-                with open(path) as f:
-                    ctx = json.load(f).get("context")
-            except (OSError, ValueError) as e:
-                raise ValueError(f"{path}: cannot read ({e})") from None
-            if isinstance(ctx, dict):
-                try:
-                    return ContextFormat(str(ctx.get("format")), str(ctx.get("reasoning"))), path
-                except ValueError as e:
-                    raise ValueError(f"{path}: context: {e}") from None
-    return ContextFormat.from_config(config), "config.context"
-
-
-def served_name(checkpoint: str | None, config: Any) -> str:
-    """The default model id: the checkpoint directory's name, else the config's name."""
-    if checkpoint:
-        return os.path.basename(os.path.normpath(os.path.abspath(checkpoint)))
-    return str(config.name)
 
 
 def resolve_api_key(flag: str | None, serve: Any) -> str:
