@@ -6,7 +6,7 @@ real schemas), executed in the real sandbox env of a dev task (`Remove the conta
 result is checked by the task's verifier, by state. The starter
 planner (4.2M Qwen3, trained with `context.format=compact`) calls them on its own at temperature 0
 (`tool_choice` auto on every turn): the server renders the SDK's tools as compact signatures because the
-checkpoint's datasheet says so.
+checkpoint's datasheet (read as its card, `mpa_jax.start`) says so.
 """
 from __future__ import annotations
 
