@@ -30,9 +30,16 @@ choice's tokens when its call returns), then at each choice's end its reasoning,
 finish reason, then usage when `stream_options.include_usage` is set. A stop string ends a choice
 early (streamed or not); a client that disconnects frees its rows.
 
-Errors: a bad request is HTTP 400 with `{"error": {"message", "field", "code"}}` naming the field
-(non-finite or out-of-range numbers, options this server does not implement); an engine failure is
-503; anything else is 500 with the exception's class and message, never a traceback.
+Chat rendering (`server.render`): client tools in the checkpoint's context format (compact signatures in
+the system message, or the template's JSON schemas), `tool_choice` required / named by a forced call
+opening; answers (`server.openai`): reasoning in `reasoning_content`, only calls to offered tools as
+`tool_calls`. The model id is `served_model_name`; a request naming another model is a 404.
+
+Errors: one JSON line `{"error": {"message", "type", "code", "param"}}` (`field` too for 400s): a bad
+request is 400 naming the field (non-finite or out-of-range numbers, options this server does not
+implement, prompts over `serve.max_prompt_chars` / `max_prompt_tokens`); a missing or wrong API key 401,
+a body over `serve.max_body_bytes` 413, a full queue 429 (`server.guard`, before the body is read); an
+engine failure is 503; anything else is 500 with the exception's class and message, never a traceback.
 """
 # No `from __future__ import annotations`: FastAPI reads the route signatures' annotations at runtime
 # (`Request` is imported inside create_app).
