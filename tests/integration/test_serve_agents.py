@@ -32,7 +32,7 @@ KEY = "test-key-0123"
 
 def _start_serve(*extra: str) -> tuple[subprocess.Popen, str]:
     """`mpa serve --checkpoint starter --port 0` as a user runs it; returns (process, base URL it printed)."""
-    env = {**os.environ, "MPA_API_KEY": KEY}
+    env = {**os.environ, "MPA_API_KEY": KEY, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     proc = subprocess.Popen([sys.executable, "-m", "mpa_jax.cli", "serve", "--checkpoint", "starter", "--port", "0",
                              "--workdir", os.path.join("/tmp", f"mpa-serve-agents-{os.getpid()}"), *extra],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -148,7 +148,7 @@ class Guard:
                 return
             await self.admission.enter()
         try:
-            if length is not None or method != "POST":
+            if length is not None or method in ("GET", "HEAD", "OPTIONS"):
                 await self.app(scope, receive, send)
             else:
                 await self._chunked(scope, receive, send)
