@@ -128,6 +128,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.serve.batcher = "auto"  # auto | slots (admission per decode chunk) | call (per whole engine call)
     c.serve.slot_len = 2048  # tokens per slot (prompt bucket + max_tokens); longer requests run as engine calls
     c.serve.slot_chunk = 8  # decode steps between admissions / stream updates (a lone request: 4x; docs/perf.md)
+    # Auth and limits (docs/serving.md). api_key "": none (--api-key and $MPA_API_KEY take precedence).
+    c.serve.api_key = ""
+    c.serve.max_body_bytes = 8 * 1024 * 1024  # larger bodies: 413 before they are read
+    c.serve.max_prompt_chars = 1_000_000  # text of a request's prompt (messages + tools): 400 above, before tokenizing
+    c.serve.max_prompt_tokens = 131_072  # rendered prompt tokens: 400 above (the model's context is checked too)
+    c.serve.max_concurrent_requests = 64  # generation requests answered at once (rows beyond max_batch wait in the batcher)
+    c.serve.max_queued_requests = 256  # waiting for a turn (bodies not read yet); one more: 429
 
     # Planner context format (envs/context.py): "json" = tool schemas through the chat template (real
     # checkpoints); "compact" = one-line signatures in the system message (~3x fewer tokens per episode).
