@@ -12,22 +12,24 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mpa_jax.rl import care as maths
 from mpa_jax.rl.advantage import Scored
 from mpa_jax.rl.competence import CompetenceTable
-from mpa_jax.rl.learner import UpdateReport
 from mpa_jax.rl.rollouts import Rollouts
+
+if TYPE_CHECKING:  # the learner imports jax; this module does not
+    from mpa_jax.rl.learner import UpdateReport
 
 
 def _mean(xs: Any) -> float:
     return float(np.mean(xs)) if len(xs) else float("nan")
 
 
-def step_metrics(rollouts: Rollouts, scored: Scored, report: UpdateReport, table: CompetenceTable, *, version: int,
+def step_metrics(rollouts: Rollouts, scored: Scored, report: "UpdateReport", table: CompetenceTable, *, version: int,
                  times: dict[str, float]) -> dict[str, float]:
     """The step's metric record (module docstring); `version`: the weight version after the step."""
     good = [u for u in report.updates if not u.get("nonfinite", 0.0)]

@@ -168,7 +168,7 @@ def run_rl(config: Any, workdir: str, *, init: str | None = None, max_steps: int
                     extra = {"competence": table.to_dict(), "cursor": source.state, "weight_version": version,
                              "infra_dropped": dropped_total, "rl_step": done, "prefetched": pending.to_dict() if pending is not None else None}
                     checkpointer.save(done, learner.state, learner.cursor_array(done, version), force=final, extra=extra)
-                if pre.requested:
+                if pre.requested and done < stop_at:  # (a signal during the last step: the run is complete)
                     interrupted = (pre.message(done, ck_dir) if not report.nonfinite else
                                    f"interrupted ({pre.signal_name}) after step {done}, not saved (a non-finite update); "
                                    f"last good checkpoint: {_last_good(checkpointer, ck_dir)}")
