@@ -320,7 +320,7 @@ def test_non_finite_rollouts_are_refused_and_a_diverged_learner_stops_the_run(tm
     with pytest.raises(rlbatch.BatchError, match="advantage is inf"):
         rlbatch.sequence_from_trajectory(traj, float("inf"), 16)
 
-    real = Learner.update
+    real = Learner.update_sequences
 
     def diverged_after_step_1(self, seqs, step):
         metrics, layout = real(self, seqs, step)
@@ -328,7 +328,7 @@ def test_non_finite_rollouts_are_refused_and_a_diverged_learner_stops_the_run(tm
             metrics = [dict(m, nonfinite=1.0) for m in metrics]
         return metrics, layout
 
-    monkeypatch.setattr(Learner, "update", diverged_after_step_1)
+    monkeypatch.setattr(Learner, "update_sequences", diverged_after_step_1)
     cfg = _config(tok, steps=6)
     cfg.rl.max_bad_updates = 3
     _reset_pattern()
