@@ -16,6 +16,8 @@ output tokens -13.5% (docs/experiments.md "A start that reasons"); a sharper cos
 an opt-in price on failures' length (--config.rl.failure_cost=1.0, beyond DESIGN §6; mpa_jax/rl/care.py): 49.3% vs
 42.4%, -23.3% at step 20 (2 seeds), 54.2% vs 46.9%, -26.8% at step 40 (2 seeds; docs/experiments.md "Both seeds to
 step 40", whose command regenerates that table); twice that (failure_cost=2.0) does worse on both counts: 34.7%, -13.2% at step 20.
+Those figures predate issue 50 (beta 0.5 on, group-std-normalised length advantages, a per-template EMA competence
+that sat near 0.5, vanilla arms that kept fewer groups); the pre-registered-test issue re-measures them on this code.
 """
 import os
 

@@ -161,10 +161,13 @@ def get_config() -> ml_collections.ConfigDict:
     # CARE RL (next round); the keys are fixed here so that configs and overrides are stable.
     c.rl = ml_collections.ConfigDict()
     c.rl.group_size = 8
-    c.rl.lambda_max = 0.0
+    # CARE's length term (DESIGN §6): lambda 0 below competence c_lo, up to lambda_max at c_hi. The starter's
+    # competence on train templates is ~0.5-0.8 (docs/experiments.md), so the demo's RL prices length at
+    # lambda ~0.2-0.5 and moves with each key's competence; lambda_max 0 would make "CARE" vanilla.
+    c.rl.lambda_max = 0.5
     c.rl.c_lo = 0.3
     c.rl.c_hi = 0.8
-    c.rl.beta = 0.0
+    c.rl.beta = 0.0  # ablation (off in CARE as designed): successes on hard keys amplified by 1 + beta (1 - c_k)
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
@@ -173,9 +176,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.adv_clip = 5.0  # advantages are squashed into (-adv_clip, adv_clip) (tanh: keeps their order)
     c.rl.tool_call_cost = 10.0  # cost of a tool call, in output tokens
     c.rl.cost_sharpness = 1.0  # cost_hat = softsign(sharpness * z): > 1 prices a success a little above its peers' mean harder
-    c.rl.failure_cost = 0.0  # > 0: in a group with a success, a failure pays up to this x lambda for its length (care.py)
-    c.rl.competence_ema = 0.1  # per-rollout EMA rate of the competence table
-    c.rl.competence_init = 0.0
+    c.rl.failure_cost = 0.0  # ablation: > 0: in a group with a success, a failure pays up to this x lambda for its length (care.py)
+    # competence c_k per template x difficulty, backed off to its cell and the global value (rl/competence.py)
+    c.rl.competence_window = 64.0  # episodes an entry remembers: its tally decays by (1 - 1/window) per own episode
+    c.rl.competence_prior = 4.0  # pseudo-episodes of the parent's value in each estimate (evidence weighting)
+    c.rl.competence_init = 0.5  # the global value before any evidence (seeded by the data stage's probe where there is one)
     c.rl.steps = 20
     c.rl.tasks_per_step = 8
     c.rl.split = "train"  # a split, or a tasks JSONL (the loop's RL trains on its constructed tasks: loop.rl_tasks)

@@ -41,6 +41,9 @@ def run(args: argparse.Namespace, config: Any) -> int:
     except RLDiverged as e:
         print(f"mpa rl: stopped: {e}")
         return 1
+    if result.interrupted:  # SIGINT/SIGTERM: saved at the step boundary
+        print(result.interrupted)
+        return 130
     last = result.history[-1] if result.history else {}
     print(f"rl steps {result.steps}" + (f" (resumed from {result.resumed_from})" if result.resumed_from is not None else "")
           + f"  weight version {result.weight_version}"

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from mpa_jax import cli
-from mpa_jax.rl import experiment
+from mpa_jax.experiments import care_vs_vanilla as experiment
 
 
 def test_bad_rl_config_values_are_one_line_errors(tmp_path, capsys):
