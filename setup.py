@@ -62,6 +62,7 @@ setup(
             "mcp-server-fetch==2026.10.24",
             "adbutils>=2.8",  # tests/integration/test_adb*.py drive the real adb server through it
             "openai>=1.40",  # tests/integration/test_serve_openai.py: the official client against `mpa serve`
+            "openai-agents==0.24.0",  # tests/integration/test_serve_agents.py: the OpenAI Agents SDK against `mpa serve`
             "sglang-router==0.3.2",  # tests/integration/test_fleet_router.py: the real router (a Rust wheel; runs on CPU)
             "tensorboard>=2.16",  # tests read the events files with TensorBoard's own reader (EventAccumulator)
         ],

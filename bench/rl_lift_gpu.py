@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     n_seen, n_held = (4, 2) if args.dry_run else (16, 8) if args.smoke else (96, 48)
 
     def lift():
-        from mpa_jax.rl.lift import rl_lift
+        from mpa_jax.experiments.rl_lift import rl_lift
 
         wd = os.path.join(args.workdir, "lift")
         rl_lift(config, wd, init=init, seeds=1, algos=("care",), eval_every=steps, until=steps, n_seen=n_seen,

@@ -133,6 +133,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.serve.batcher = "auto"  # auto | slots (admission per decode chunk) | call (per whole engine call)
     c.serve.slot_len = 2048  # tokens per slot (prompt bucket + max_tokens); longer requests run as engine calls
     c.serve.slot_chunk = 8  # decode steps between admissions / stream updates (a lone request: 4x; docs/perf.md)
+    # Auth and limits (docs/serving.md). api_key "": none (--api-key and $MPA_API_KEY take precedence).
+    c.serve.api_key = ""
+    c.serve.max_body_bytes = 8 * 1024 * 1024  # larger bodies: 413 before they are read
+    c.serve.max_prompt_chars = 1_000_000  # text of a request's prompt (messages + tools): 400 above, before tokenizing
+    c.serve.max_prompt_tokens = 131_072  # rendered prompt tokens: 400 above (the model's context is checked too)
+    c.serve.max_concurrent_requests = 64  # generation requests answered at once (rows beyond max_batch wait in the batcher)
+    c.serve.max_queued_requests = 256  # waiting for a turn (bodies not read yet); one more: 429
 
     # Planner context format (envs/context.py): "json" = tool schemas through the chat template (real
     # checkpoints); "compact" = one-line signatures in the system message (~3x fewer tokens per episode).
@@ -159,10 +166,13 @@ def get_config() -> ml_collections.ConfigDict:
     # CARE RL (next round); the keys are fixed here so that configs and overrides are stable.
     c.rl = ml_collections.ConfigDict()
     c.rl.group_size = 8
-    c.rl.lambda_max = 0.0
+    # CARE's length term (DESIGN §6): lambda 0 below competence c_lo, up to lambda_max at c_hi. The starter's
+    # competence on train templates is ~0.5-0.8 (docs/experiments.md), so the demo's RL prices length at
+    # lambda ~0.2-0.5 and moves with each key's competence; lambda_max 0 would make "CARE" vanilla.
+    c.rl.lambda_max = 0.5
     c.rl.c_lo = 0.3
     c.rl.c_hi = 0.8
-    c.rl.beta = 0.0
+    c.rl.beta = 0.0  # ablation (off in CARE as designed): successes on hard keys amplified by 1 + beta (1 - c_k)
     c.rl.clip_low = 0.2
     c.rl.clip_high = 0.28
     c.rl.kl_coef = 0.0
@@ -171,9 +181,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.adv_clip = 5.0  # advantages are squashed into (-adv_clip, adv_clip) (tanh: keeps their order)
     c.rl.tool_call_cost = 10.0  # cost of a tool call, in output tokens
     c.rl.cost_sharpness = 1.0  # cost_hat = softsign(sharpness * z): > 1 prices a success a little above its peers' mean harder
-    c.rl.failure_cost = 0.0  # > 0: in a group with a success, a failure pays up to this x lambda for its length (care.py)
-    c.rl.competence_ema = 0.1  # per-rollout EMA rate of the competence table
-    c.rl.competence_init = 0.0
+    c.rl.failure_cost = 0.0  # ablation: > 0: in a group with a success, a failure pays up to this x lambda for its length (care.py)
+    # competence c_k per template x difficulty, backed off to its cell and the global value (rl/competence.py)
+    c.rl.competence_window = 64.0  # episodes an entry remembers: its tally decays by (1 - 1/window) per own episode
+    c.rl.competence_prior = 4.0  # pseudo-episodes of the parent's value in each estimate (evidence weighting)
+    c.rl.competence_init = 0.5  # the global value before any evidence (seeded by the data stage's probe where there is one)
     c.rl.steps = 20
     c.rl.tasks_per_step = 8
     c.rl.split = "train"  # a split, or a tasks JSONL (the loop's RL trains on its constructed tasks: loop.rl_tasks)
@@ -220,7 +232,6 @@ def get_config() -> ml_collections.ConfigDict:
     # AI for Data (mpa_jax/data): construction, curation, feedback. (issue 18)
     c.data = ml_collections.ConfigDict()
     c.data.tasks_per_round = 400  # new gated train tasks constructed per round (weighted by competence; fresh instance seeds)
-    c.data.oracle_variants = 1
     c.data.policy_tasks = 16  # train tasks the current policy attempts per round (its verified successes join the data)
     c.data.teacher_url = ""  # OpenAI-compatible endpoint for teacher trajectories; empty = no teacher
     c.data.teacher_model = "teacher"
@@ -263,7 +274,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.eval_split = "dev"
     c.loop.eval_seen = 32
     c.loop.eval_held_out = 16
-    c.loop.harness_review = "auto"  # review policy for mined harness proposals: auto | manual
     c.loop.release_gate_tasks = 24  # a released harness version must not lower success on this many train tasks (0 = no gate)
     c.loop.export_dtype = "bfloat16"
 
@@ -297,7 +307,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.harness.memory_store = ""  # one persistent memory store for all episodes; empty = per-episode, from the task's history
     c.harness.memory_tokens = 512  # budget of the memory block in the system prompt
     c.harness.review = ml_collections.ConfigDict()
-    c.harness.review.policy = "manual"  # manual | auto (experiments only: the version manifest says so)
+    # manual | auto (the version manifest says so): `mpa harness mine` and the loop's harness stage; the loop
+    # runs unattended, so this CPU/demo config approves automatically (`--config.harness.review.policy=manual`)
+    c.harness.review.policy = "auto"
 
     # Environments (issue 16): kwargs per env kind reach make_env(kind, config=c); `concurrency` and
     # `timeout_s` are the worker pool's per-kind limits; `mixture` weights the kinds' episodes.
@@ -318,8 +330,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.memory.paraphrase = 0.3  # share of update/instruction/preference questions worded unlike the history
     c.memory.budget_tokens = 2048  # context budget of memory and of the long-context baseline (ceil(chars/4))
     c.memory.reader = "scripted"  # scripted | openai | none (answer accuracy in `mpa memory eval`)
-    c.memory.path = ""  # harness: "" = one in-memory store per episode (its Task's history); else a persistent store
-    c.memory.context_tokens = 512  # harness: memory block added to the planner's system prompt
     c.memory.store = ml_collections.ConfigDict()
     c.memory.store.recency_weight = 0.3
     c.memory.store.entity_weight = 1.0

@@ -13,7 +13,6 @@ import hashlib
 import os
 import pathlib
 import random
-import tempfile
 from typing import Any, Callable, Iterable, Sequence
 
 from mpa_jax.envs.contract import CATEGORIES, DOMAINS, SPLITS, ContractError, Task, read_jsonl
@@ -22,6 +21,7 @@ from mpa_jax.envs.sandbox import SandboxEnv
 from mpa_jax.envs.taskgen import GENERATOR_VERSION, TEMPLATES, Ctx, Template
 from mpa_jax.envs.tools import TOOLS
 from mpa_jax.envs.world import stable_hash
+from mpa_jax.files import write_jsonl
 
 PERSONAS: dict[str, tuple[int, ...]] = {"train": (0, 1, 2, 3, 4, 5), "dev": (10, 11), "test": (20, 21, 22, 23)}
 FRESH_PERSONA_BASE = 1_000  # persona worlds of no split, from here up (RL's fresh worlds: rl.select_worlds)
@@ -153,12 +153,7 @@ def load_tasks(split_or_path: str, seed: int = 0, per_template: int = 0, cache: 
     tasks = generate_split(split_or_path, seed, per_template, progress=progress)
     if cache:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                for t in tasks:
-                    f.write(t.to_json() + "\n")
-            os.replace(tmp, path)  # atomic: concurrent loaders never see a partial file
+            write_jsonl(str(path), tasks)  # atomic: concurrent loaders never see a partial file
         except OSError:  # a read-only home is no reason to fail: the tasks are generated anyway
             pass
     return tasks

@@ -27,8 +27,8 @@ class KindLimits:
     are sub-millisecond CPU work that threads only slow down (bench/sandbox.py measures both).
     """
 
-    concurrency: int = 8
-    timeout_s: float = 60.0
+    concurrency: int  # no defaults: configs/ (`config.envs.<kind>`) is the one source of them
+    timeout_s: float
 
     def __post_init__(self) -> None:
         if self.concurrency < 0:
@@ -37,24 +37,24 @@ class KindLimits:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
 
-def limits_from_config(config: Any, kinds: Sequence[str] | None = None) -> dict[str, KindLimits]:
-    """`config.envs.<kind>.{concurrency,timeout_s}` for each kind (defaults where a key is absent)."""
-    envs = getattr(config, "envs", None)
+def limits_from_config(config: Any) -> dict[str, KindLimits]:
+    """`config.envs.<kind>.{concurrency,timeout_s}` for every env kind section of `config.envs` (`kind` and
+    `mixture` are no kinds); a section without them is an error naming the key."""
     out = {}
-    for kind in kinds or (list(envs.keys()) if envs is not None else []):
-        section = envs.get(kind) if envs is not None else None
-        if section is None or not hasattr(section, "get") or kind == "mixture":
-            if kind != "mixture":
-                out[kind] = KindLimits()
+    for kind, section in config.envs.items():
+        if kind == "mixture" or not hasattr(section, "keys"):
             continue
-        out[kind] = KindLimits(int(section.get("concurrency", 8)), float(section.get("timeout_s", 60.0)))
+        missing = [key for key in ("concurrency", "timeout_s") if key not in section]
+        if missing:
+            raise ValueError(f"config.envs.{kind}.{missing[0]} is missing (the env pool's limits for kind {kind!r})")
+        out[kind] = KindLimits(int(section["concurrency"]), float(section["timeout_s"]))
     return out
 
 
 class EnvPool:
     """Thread pools per env kind. Use as a context manager or call `close()`."""
 
-    def __init__(self, limits: dict[str, KindLimits] | None = None, default: KindLimits = KindLimits()) -> None:
+    def __init__(self, limits: dict[str, KindLimits] | None = None, default: KindLimits | None = None) -> None:
         self.limits = dict(limits or {})
         self.default = default
         self._pools: dict[str, cf.ThreadPoolExecutor] = {}
@@ -65,12 +65,16 @@ class EnvPool:
     def _pool(self, kind: str) -> cf.ThreadPoolExecutor:
         with self._lock:
             if kind not in self._pools:
-                lim = self.limits.get(kind, self.default)
+                lim = self.limit(kind)
                 self._pools[kind] = cf.ThreadPoolExecutor(lim.concurrency, thread_name_prefix=f"env-{kind}")
             return self._pools[kind]
 
     def limit(self, kind: str) -> KindLimits:
-        return self.limits.get(kind, self.default)
+        """The kind's limits (`default` for kinds not listed); a kind with neither is an error naming it."""
+        lim = self.limits.get(kind, self.default)
+        if lim is None:
+            raise ValueError(f"env kind {kind!r} has no pool limits (config.envs.{kind}.concurrency / timeout_s)")
+        return lim
 
     @staticmethod
     def kind_of(env: Any) -> str:

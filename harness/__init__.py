@@ -15,5 +15,6 @@ Memory (`mpa_jax.harness.memory`) plugs in as a tool provider.
 """
 from mpa_jax.harness.config import HARNESS_VERSION, HarnessConfig, HarnessConfigError  # noqa: F401
 from mpa_jax.harness.registry import SandboxTools, ToolProvider, ToolRegistry  # noqa: F401
-from mpa_jax.harness.runtime import HarnessEnv, HarnessSession, HarnessVersion  # noqa: F401
+from mpa_jax.harness.evolution import HarnessVersion  # noqa: F401
+from mpa_jax.harness.runtime import HarnessEnv, HarnessSession  # noqa: F401
 from mpa_jax.harness.store import HarnessStore, HarnessStoreError  # noqa: F401

@@ -123,11 +123,14 @@ def _names(value: Any) -> set[str] | None:
 
 @dataclasses.dataclass
 class HarnessConfig:
+    """`config.harness` typed. The field defaults agree with configs/tiny.py and serve direct construction
+    (tests, library use); `from_config` takes every value from the config (configs/ is the one source)."""
+
     enabled: bool = False
     tools: str = "task"
     top_k: int = 8
     normalise: bool = True
-    skills: bool = True
+    skills: bool = False
     skills_dir: str = ""
     max_skills: int = 2
     context_tokens: int = 3000
@@ -185,22 +188,18 @@ class HarnessConfig:
 
     @classmethod
     def from_config(cls, config: Any) -> "HarnessConfig":
-        """From a full experiment config (its `harness` section) or the section itself; missing keys keep defaults."""
-        if config is None:
-            return cls()
-        if "harness" in config:
-            section = config["harness"]
-        elif "enabled" in config or not hasattr(config, "keys"):
-            section = config  # the section itself
-        else:
-            return cls()  # a full config without a harness section: the defaults
+        """From a full experiment config (its `harness` section) or the section itself. Every key is required
+        (a missing one is an error naming it); `review.policy` is the `review_policy` field."""
+        section = config["harness"] if "harness" in config else config
         kw: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name == "review_policy":
-                review = section.get("review") if hasattr(section, "get") else None
-                if review is not None and "policy" in review:
-                    kw[f.name] = str(review["policy"])
+                if "review" not in section or "policy" not in section["review"]:
+                    raise HarnessConfigError("config.harness.review.policy is missing")
+                kw[f.name] = str(section["review"]["policy"])
                 continue
+            if f.name not in section:
+                raise HarnessConfigError(f"config.harness.{f.name} is missing")
             if f.name in section:
                 value = section[f.name]
                 if f.name == "mcp":  # a list of entries (or, from an older config, one command string)

@@ -24,6 +24,7 @@ directory and renamed into place (atomic); `<root>/CHANGELOG.md` gets one entry 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -35,6 +36,7 @@ from collections import defaultdict
 from typing import Any, Iterable
 
 from mpa_jax.envs.contract import ErrorCode, Trajectory, canonical_json
+from mpa_jax.files import write_text
 from mpa_jax.harness.config import HARNESS_VERSION
 from mpa_jax.harness.store import HarnessStore, HarnessStoreError
 
@@ -44,6 +46,18 @@ MINABLE = {ErrorCode.INVALID_ARGUMENTS, ErrorCode.UNSUPPORTED_VALUE, ErrorCode.U
 
 class EvolutionError(ValueError):
     """Bad traces or an impossible review step; the message names it."""
+
+
+@dataclasses.dataclass
+class HarnessVersion:
+    """What an approved harness version changes (`read_version` loads one from its directory)."""
+
+    version: str = HARNESS_VERSION
+    rewrites: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    descriptions: dict[str, str] = dataclasses.field(default_factory=dict)
+    grounding: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # {tool, arg}: harness/grounding.py
+    skills_dir: str = ""
+    auto_approved: bool = False
 
 
 def _pid(kind: str, cluster: str, payload: dict[str, Any]) -> str:
@@ -238,16 +252,6 @@ def _sha(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def _atomic_write(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def release(store: HarnessStore, root: str, trajectories: Iterable[Trajectory] = ()) -> str | None:
     """Write a new harness version from the approved, unreleased proposals; None when there are none.
 
@@ -325,8 +329,8 @@ def release(store: HarnessStore, root: str, trajectories: Iterable[Trajectory] =
     entry += [f"- {p['kind']} {p['id']} ({p['cluster']}), approved by {p['decided_by']}" for p in approved]
     log = os.path.join(root, "CHANGELOG.md")
     old_log = open(log, encoding="utf-8").read() if os.path.isfile(log) else "# Harness changelog\n"
-    _atomic_write(log, old_log.rstrip("\n") + "\n\n" + "\n".join(entry) + "\n")
-    _atomic_write(os.path.join(root, "CURRENT"), version + "\n")
+    write_text(log, old_log.rstrip("\n") + "\n\n" + "\n".join(entry) + "\n")
+    write_text(os.path.join(root, "CURRENT"), version + "\n")
     return version
 
 
@@ -347,15 +351,13 @@ def withdraw(root: str, version: str, reason: str) -> str:
     log = os.path.join(root, "CHANGELOG.md")
     old_log = open(log, encoding="utf-8").read() if os.path.isfile(log) else "# Harness changelog\n"
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    _atomic_write(log, old_log.rstrip("\n") + f"\n\n## {version} withdrawn ({stamp})\n{reason}; current is {parent} again\n")
-    _atomic_write(os.path.join(root, "CURRENT"), parent + "\n")
+    write_text(log, old_log.rstrip("\n") + f"\n\n## {version} withdrawn ({stamp})\n{reason}; current is {parent} again\n")
+    write_text(os.path.join(root, "CURRENT"), parent + "\n")
     return parent
 
 
-def read_version(path: str) -> Any:
+def read_version(path: str) -> HarnessVersion:
     """Load a version directory (checking every file against the manifest's hashes)."""
-    from mpa_jax.harness.runtime import HarnessVersion
-
     mpath = os.path.join(path, "manifest.json")
     if not os.path.isfile(mpath):
         raise EvolutionError(f"harness version {path}: no manifest.json")

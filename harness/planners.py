@@ -104,16 +104,14 @@ class EnginePlanner:
     name = "engine"
 
     def __init__(self, engine: Any, tokenizer: Any, max_new_tokens: int = 256, temperature: float = 0.0,
-                 seed: int = 0, params_cls: Any = None) -> None:
+                 seed: int = 0, *, params_cls: Any) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
         self._params_cls = params_cls
         self._n = 0
 
     def _params(self) -> Any:
-        cls = self._params_cls
-        if cls is None:
-            from mpa_jax.rollout.types import SamplingParams as cls  # types.py is jax-free by contract
+        cls = self._params_cls  # the engine's SamplingParams, passed in: the harness never imports the rollout package
         stops = [self.tokenizer.token_id("<|im_end|>"), *getattr(self.tokenizer, "eos_token_ids", [])]
         return cls(max_new_tokens=self.max_new_tokens, temperature=self.temperature, stop_token_ids=tuple(dict.fromkeys(stops)))
 
@@ -147,7 +145,7 @@ class OpenAIChatPlanner:
 
     name = "openai"
 
-    def __init__(self, base_url: str, model: str = "default", timeout_s: float = 60.0, max_tokens: int = 256,
+    def __init__(self, base_url: str, model: str = "", timeout_s: float = 60.0, max_tokens: int = 256,
                  temperature: float = 0.0, api_key: str = "", retries: int = 1) -> None:
         self.base_url = base_url.rstrip("/")
         self.model, self.timeout_s, self.max_tokens, self.temperature = model, timeout_s, max_tokens, temperature
@@ -156,8 +154,10 @@ class OpenAIChatPlanner:
     def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PlannerReply:
         import httpx
 
-        body: dict[str, Any] = {"model": self.model, "messages": _openai_messages(messages),
-                                "max_tokens": self.max_tokens, "temperature": self.temperature}
+        body: dict[str, Any] = {"messages": _openai_messages(messages), "max_tokens": self.max_tokens,
+                                "temperature": self.temperature}
+        if self.model:  # "": the server's own model (servers answer 404 to a model they do not serve)
+            body["model"] = self.model
         if tools:
             body["tools"] = tools
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

@@ -28,8 +28,9 @@ import uuid
 from typing import Any, Callable, Iterable
 
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Task, ToolSpec, Trajectory
-from mpa_jax.harness.config import HARNESS_VERSION, HarnessConfig
+from mpa_jax.harness.config import HarnessConfig
 from mpa_jax.harness.episode import Episode, reply_from_planner
+from mpa_jax.harness.evolution import HarnessVersion, read_version
 from mpa_jax.harness.grounding import ground_arguments
 from mpa_jax.harness.normalise import normalise_arguments, schema_hint
 from mpa_jax.harness.registry import SandboxTools, ToolProvider, ToolRegistry, unknown_tool_feedback
@@ -59,24 +60,6 @@ def approx_tokens(message: dict[str, Any]) -> int:
 
 
 @dataclasses.dataclass
-class HarnessVersion:
-    """What an approved harness version changes (read from its directory; see harness/evolution.py)."""
-
-    version: str = HARNESS_VERSION
-    rewrites: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    descriptions: dict[str, str] = dataclasses.field(default_factory=dict)
-    grounding: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # {tool, arg}: harness/grounding.py
-    skills_dir: str = ""
-    auto_approved: bool = False
-
-    @classmethod
-    def load(cls, path: str) -> "HarnessVersion":
-        from mpa_jax.harness.evolution import read_version
-
-        return read_version(path)
-
-
-@dataclasses.dataclass
 class SubagentRun:
     """One sub-agent's episode inside a planner episode: its own chat, steps and sampled tokens."""
 
@@ -101,7 +84,7 @@ class HarnessSession:
                  providers: Iterable[ToolProvider] = (), subplanner: Any = None, store: HarnessStore | None = None,
                  count_tokens: Callable[[dict[str, Any]], int] | None = None, start_mcp: bool = True) -> None:
         self.cfg = cfg or HarnessConfig(enabled=True)
-        self.version = HarnessVersion.load(self.cfg.version_dir) if self.cfg.version_dir else HarnessVersion()
+        self.version = read_version(self.cfg.version_dir) if self.cfg.version_dir else HarnessVersion()
         self.registry = ToolRegistry([SandboxTools()])
         self.extra: list[ToolProvider] = []
         if start_mcp and self.cfg.mcp_commands:
@@ -112,7 +95,7 @@ class HarnessSession:
         if self.cfg.memory:
             from mpa_jax.harness.memory import MemoryProvider
 
-            self.add_provider(MemoryProvider(self.cfg.memory_store or None, budget_tokens=self.cfg.memory_tokens))
+            self.add_provider(MemoryProvider.from_config(self.cfg))
         for p in providers:
             self.add_provider(p)
         dirs = [SHIPPED_DIR, self.cfg.skills_dir, self.version.skills_dir]
@@ -358,7 +341,7 @@ class HarnessEnv:
             err = reg.validate(name, args)
             if err:
                 return Feedback.error(ErrorCode.INVALID_ARGUMENTS, err, call_id, f"{name}: {schema_hint(reg.spec(name).parameters)}")
-            fb = _call_provider(provider, name, args, call_id)
+            fb = call_provider(provider, name, args, call_id)
             return fb
         return self.env.step(Action(kind="tool_call", name=name, arguments=args, call_id=call_id, raw=raw, agent=agent))
 
@@ -446,7 +429,7 @@ class HarnessEnv:
                               action.call_id, "give the sub-agent a smaller, clearer sub-task")
 
 
-def _call_provider(provider: ToolProvider, name: str, args: Any, call_id: str, max_chars: int | None = None) -> Feedback:
+def call_provider(provider: ToolProvider, name: str, args: Any, call_id: str, max_chars: int | None = None) -> Feedback:
     """One provider call as Feedback: a provider bug is INFRA; the answer is cut to `max_chars` characters
     (default: the provider's `max_result_chars`, else harness.config.DEFAULT_MAX_RESULT_CHARS; 0 = no cap)."""
     import inspect

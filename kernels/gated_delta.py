@@ -272,6 +272,28 @@ def gated_delta_chunked(
     return _finish(out, mask, dtype), state
 
 
+def gated_delta_pallas(
+    q, k, v, g, beta, *, initial_state=None, mask=None, segment_ids=None, scale=None,
+    chunk_size: int = 64, interpret: bool | None = None,
+):
+    """Chunked form through the Pallas kernel (`gated_delta_pallas.py`); arguments and results as
+    `gated_delta_chunked`.
+
+    `chunk_size` must be a power of two >= 16 (GPU/TPU tile shapes). `interpret=None` interprets on
+    CPU and compiles on GPU/TPU.
+    """
+    from mpa_jax.kernels.gated_delta_pallas import chunked_pallas  # lazy: the Pallas import is heavy
+
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"Pallas gated delta chunk_size must be a power of two >= 16; got {chunk_size}")
+    if interpret is None:
+        interpret = jax.default_backend() == "cpu"
+    dtype = v.dtype
+    q, k, v, g, beta, h0, seg = prepare(q, k, v, g, beta, initial_state, mask, segment_ids, scale)
+    out, state = chunked_pallas(q, k, v, g, beta, h0, seg, chunk_size, interpret, chunked_core)
+    return _finish(out, mask, dtype), state
+
+
 IMPLS = ("jnp", "pallas")
 
 
@@ -289,7 +311,5 @@ def gated_delta(
     if q.shape[1] == 1:
         return gated_delta_recurrent(q, k, v, g, beta, **kwargs)
     if impl == "pallas":
-        from mpa_jax.kernels.gated_delta_pallas import gated_delta_pallas  # lazy: Pallas import is heavy
-
         return gated_delta_pallas(q, k, v, g, beta, chunk_size=chunk_size, **kwargs)
     return gated_delta_chunked(q, k, v, g, beta, chunk_size=chunk_size, **kwargs)

@@ -7,6 +7,10 @@ updates the state. The maths is
 the same as `gated_delta.chunked_core` (read that first); segment resets and padding arrive folded
 into g, beta and the segment counter by `gated_delta.prepare`.
 
+This module is the kernel over prepared inputs only; `gated_delta.gated_delta_pallas` is the public
+entry (prepare -> `chunked_pallas` -> finish). It imports nothing from `gated_delta` (no import circle):
+the jnp core whose VJP is the backward arrives as the `backward` argument.
+
 On CPU the kernel runs with `interpret=True` (tests); on GPU it lowers through Triton and on TPU
 through Mosaic. The default (`interpret=None`) interprets on CPU and compiles elsewhere.
 """
@@ -17,8 +21,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-
-from mpa_jax.kernels import gated_delta as gd
 
 _HI = jax.lax.Precision.HIGHEST
 
@@ -104,7 +106,7 @@ def _kernel(q_ref, k_ref, v_ref, g_ref, b_ref, s_ref, h0_ref, o_ref, hT_ref, *, 
 
 
 def _forward(q, k, v, g, beta, h0, seg, chunk_size: int, interpret: bool):
-    """Prepared head-major inputs (see gd.prepare) -> (out [B,H,T,Dv] f32, state [B,H,Dk,Dv] f32)."""
+    """Prepared head-major inputs (see gated_delta.prepare) -> (out [B,H,T,Dv] f32, state [B,H,Dk,Dv] f32)."""
     b, h, t, dk = q.shape
     dv = v.shape[-1]
     pad = (-t) % chunk_size
@@ -134,42 +136,22 @@ def _forward(q, k, v, g, beta, h0, seg, chunk_size: int, interpret: bool):
     return out.reshape(b, h, tp, dv)[:, :, :t], state.reshape(b, h, dk, dv)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def _chunked(q, k, v, g, beta, h0, seg, chunk_size, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def chunked_pallas(q, k, v, g, beta, h0, seg, chunk_size, interpret, backward):
+    """Prepared inputs -> (out [B,H,T,Dv] f32, state f32) through the kernel. `backward` is the jnp
+    chunked core with the same signature (`gated_delta.chunked_core`): its VJP is this function's."""
     return _forward(q, k, v, g, beta, h0, seg, chunk_size, interpret)
 
 
-def _chunked_fwd(q, k, v, g, beta, h0, seg, chunk_size, interpret):
+def _chunked_fwd(q, k, v, g, beta, h0, seg, chunk_size, interpret, backward):
     return _forward(q, k, v, g, beta, h0, seg, chunk_size, interpret), (q, k, v, g, beta, h0, seg)
 
 
-def _chunked_bwd(chunk_size, interpret, res, cotangents):
+def _chunked_bwd(chunk_size, interpret, backward, res, cotangents):
     # The backward differentiates the jnp chunked form (same maths), recomputing its forward.
     q, k, v, g, beta, h0, seg = res
-    _, vjp = jax.vjp(lambda *xs: gd.chunked_core(*xs, seg, chunk_size), q, k, v, g, beta, h0)
+    _, vjp = jax.vjp(lambda *xs: backward(*xs, seg, chunk_size), q, k, v, g, beta, h0)
     return (*vjp(cotangents), None)
 
 
-_chunked.defvjp(_chunked_fwd, _chunked_bwd)
-
-
-def gated_delta_pallas(
-    q, k, v, g, beta, *, initial_state=None, mask=None, segment_ids=None, scale=None,
-    chunk_size: int = 64, interpret: bool | None = None,
-):
-    """Chunked gated delta rule through the Pallas kernel; arguments and results as `gated_delta_chunked`.
-
-    `chunk_size` must be a power of two >= 16 (GPU/TPU tile shapes). `interpret=None` interprets on
-    CPU and compiles on GPU/TPU.
-    """
-    if chunk_size < 16 or chunk_size & (chunk_size - 1):
-        raise ValueError(f"Pallas gated delta chunk_size must be a power of two >= 16; got {chunk_size}")
-    if interpret is None:
-        interpret = jax.default_backend() == "cpu"
-    dtype = v.dtype
-    qp, kp, vp, gp, bp, h0, seg = gd.prepare(q, k, v, g, beta, initial_state, mask, segment_ids, scale)
-    out, state = _chunked(qp, kp, vp, gp, bp, h0, seg, chunk_size, interpret)
-    out = jnp.swapaxes(out, 1, 2)
-    if mask is not None:
-        out = jnp.where(mask.astype(bool)[:, :, None, None], out, 0.0)
-    return out.astype(dtype), state
+chunked_pallas.defvjp(_chunked_fwd, _chunked_bwd)

@@ -1,17 +1,24 @@
-"""`mpa <command> --config configs/x.py [--config.a.b=value ...]`: the one CLI.
+"""`mpa <command> [--config NAME|FILE] [--config.a.b=value ...] [--checkpoint PATH|starter]`: the one CLI.
 
 Commands live in `mpa_jax/commands/<name>.py` and are imported only when run, so `mpa --help` is fast
 and never loads jax. Every user error exits 2 with one line naming the bad input.
+
+`--config` takes a config name (`tiny`, resolved in the repository's configs/ from any directory) or a
+file path. A command that starts from a checkpoint declares `--checkpoint` with `add_start_argument`; the
+CLI resolves it (`mpa_jax.start`) and fits the config to it before the resolved config is saved, so the
+run directory's config is what runs.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
+import shlex
 import sys
 from typing import Any, Sequence
 
-from mpa_jax.config import ConfigError, apply_override, load_config_file, save_config, split_overrides
+from mpa_jax.config import DEFAULT_CONFIG, ConfigError, apply_override, load_config_file, resolve_config_path, save_config, split_overrides
 
 # name -> (module, one-line help). Keep in step with docs/architecture.md.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("mpa_jax.commands.rollout", "run the agent loop over a task split and write trajectories"),
     "serve": ("mpa_jax.commands.serve", "serve a checkpoint over HTTP (SGLang-native subset + OpenAI chat and completions)"),
     "rl": ("mpa_jax.commands.rl", "online RL (CARE or vanilla group-relative) over the sandbox tasks"),
-    "experiment": ("mpa_jax.commands.experiment", "named experiments (care-vs-vanilla)"),
+    "experiment": ("mpa_jax.commands.experiment", "named experiments (care-vs-vanilla, rl-lift)"),
     "starter": ("mpa_jax.commands.starter", "build the starter planner (configs/starter.py) with its datasheet"),
     "demo": ("mpa_jax.commands.demo", "the end-to-end path on the embedded default"),
     "eval": ("mpa_jax.commands.eval", "evaluate a checkpoint on the held-out benchmark -> eval.json"),
@@ -67,11 +74,65 @@ def apply_env_arguments(args: argparse.Namespace, config: Any) -> str:
     return kind
 
 
+START_HELP = ("the checkpoint to start from: a Hugging Face directory, an orbax run directory (an `mpa sft` / `mpa rl`"
+              " workdir, its checkpoints/ or a step dir) or `starter` (the shipped starter planner); its own tokenizer,"
+              " context format, model shape and positions are used (see docs/checkpoints.md)")
+
+
+def add_start_argument(parser: argparse.ArgumentParser, *, required: bool = False, extra: str = "") -> None:
+    """`--checkpoint PATH|starter`, the one flag every command that takes a start uses (same meaning
+    everywhere). The CLI resolves it and fits the config before the command runs (`args.start`)."""
+    parser.add_argument("--checkpoint", default=None, required=required, metavar="PATH|starter", help=START_HELP + extra)
+    parser.set_defaults(_takes_start=True)
+
+
+def _resumed_start(command: str, workdir: str) -> str | None:
+    """The start a run directory was begun from (its card's recipe.start), when the same command
+    continues it without naming one: `mpa rl --workdir runs/rl` resumes with its model and tokenizer."""
+    from mpa_jax.card import CARD
+
+    path = os.path.join(workdir, CARD)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        card = json.load(f)
+    start = (card.get("recipe") or {}).get("start")
+    if card.get("stage") != command or not start:
+        return None
+    print(f"mpa: note: continuing {workdir} from its start {start} (its card; --checkpoint names another)", file=sys.stderr)
+    return str(start)
+
+
+def _fit_to_start(args: argparse.Namespace, config: Any, explicit: set[str], command: str) -> Any:
+    """Resolve `--checkpoint` (or a `config.model.init_from` set on the command line or in the config;
+    else, continuing a run of the same command, the start its card names) and return the config fitted
+    to it; `args.start` is the Start or None."""
+    from mpa_jax.start import StartError, config_for_start, resolve_start
+
+    named = args.checkpoint if args.checkpoint not in (None, "", "untrained") else None
+    init = str(config.model.init_from or "") if "model" in config else ""
+    if named and init and "model.init_from" in explicit and os.path.abspath(os.path.expanduser(init)) != os.path.abspath(named):
+        raise ConfigError(f"--checkpoint {named} and --config.model.init_from={init} name two starts: give --checkpoint only")
+    args.start = None
+    label = "--checkpoint" if named else "config.model.init_from"
+    if not (named or init):
+        named, label = _resumed_start(command, args.workdir), f"the start named in {args.workdir}'s card"
+        if not named:
+            return config
+    try:
+        args.start = resolve_start(named or init)
+        return config_for_start(config, args.start, workdir=args.workdir, explicit=explicit)
+    except StartError as e:
+        raise ConfigError(f"{label}: {e}") from None
+
+
 def _top_help() -> str:
     width = max(len(n) for n in COMMANDS)
-    lines = ["usage: mpa <command> --config configs/NAME.py [--config.KEY=VALUE ...] [options]", "", "commands:"]
+    lines = ["usage: mpa <command> [--config NAME|FILE] [--config.KEY=VALUE ...] [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "`mpa <command> --help` shows a command's options."]
+    lines += ["", "`--config` takes a config name (tiny, starter, micro, qwen3_1_7b, ...; default tiny) or a file path.",
+              "`--checkpoint PATH|starter` names the start (an HF directory, a run directory, or the shipped starter)",
+              "for every command that takes one. `mpa <command> --help` shows a command's options."]
     return "\n".join(lines)
 
 
@@ -85,8 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mpa: error: unknown command {name!r} (see `mpa --help`)", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    parser = _Parser(prog=f"mpa {name}", description=COMMANDS[name][1])
-    parser.add_argument("--config", default="configs/tiny.py", help="experiment config file (default: configs/tiny.py)")
+    parser = _Parser(prog=f"mpa {name}", description=COMMANDS[name][1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="NAME|FILE",
+                        help=f"experiment config: a name in the repository's configs/ (e.g. tiny, starter) or a file path (default: {DEFAULT_CONFIG})")
     parser.add_argument("--workdir", default=None, help="run directory (default: runs/<config name>)")
     module.add_arguments(parser)
     try:
@@ -95,18 +157,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mpa: error: {e}", file=sys.stderr)
         return 2
     args = parser.parse_args(rest)
+    args.command_line = "mpa " + shlex.join([name, *argv[1:]])  # the recipe recorded in checkpoint cards
     try:
-        config = load_config_file(args.config)
+        args.config_file = os.path.abspath(resolve_config_path(args.config))
+        config = load_config_file(args.config_file)
         for key, value in overrides:
             apply_override(config, key, value)
+        if args.workdir is None:
+            args.workdir = os.path.join("runs", str(config.get("name", os.path.splitext(os.path.basename(args.config))[0])))
+        if getattr(args, "_takes_start", False):
+            config = _fit_to_start(args, config, {key for key, _ in overrides}, name)
         from mpa_jax.envs.context import ContextFormat
 
         ContextFormat.from_config(config)  # a bad context format is one line here, not deep inside a stage
     except (ConfigError, ValueError) as e:
         print(f"mpa: error: {e}", file=sys.stderr)
         return 2
-    if args.workdir is None:
-        args.workdir = os.path.join("runs", str(config.get("name", os.path.splitext(os.path.basename(args.config))[0])))
     save_config(config, args.workdir)
     try:
         return int(module.run(args, config) or 0)

@@ -14,10 +14,48 @@ class ConfigError(ValueError):
     """A config file or override is wrong; the message names it."""
 
 
+# The config every command uses when `--config` is not given (a name in `configs_dir()`).
+DEFAULT_CONFIG = "tiny"
+
+
+def configs_dir() -> str:
+    """The packaged configs: `configs/` beside the `mpa_jax` package, i.e. the repository root of the
+    (editable) install, found from this file rather than the working directory, so names resolve
+    from anywhere."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def config_names() -> list[str]:
+    """The names `--config NAME` accepts (configs/*.py with a get_config)."""
+    d = configs_dir()
+    if not os.path.isdir(d):
+        return []
+    return sorted(f[:-3] for f in os.listdir(d) if f.endswith(".py") and not f.startswith("_"))
+
+
+def resolve_config_path(name_or_path: str) -> str:
+    """A config file from a path (as given, else relative to the repository root, so the documented
+    `configs/tiny.py` works outside it) or a name (`tiny` or `tiny.py` -> `configs_dir()/tiny.py`)."""
+    text = os.path.expanduser(str(name_or_path))
+    if os.path.isfile(text):
+        return text
+    root = os.path.dirname(configs_dir())
+    candidates = []
+    if not os.path.isabs(text):
+        if os.sep not in text and "/" not in text:
+            candidates.append(os.path.join(configs_dir(), text if text.endswith(".py") else text + ".py"))
+        candidates.append(os.path.join(root, text))
+    for cand in candidates:
+        if os.path.isfile(cand):
+            return cand
+    names = ", ".join(config_names()) or f"none found in {configs_dir()}"
+    raise ConfigError(f"config not found: {name_or_path} (give a file path or a config name: {names})")
+
+
 def load_config_file(path: str) -> ml_collections.ConfigDict:
-    """Import `path` and return its `get_config()`."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file not found: {path}")
+    """Import the config file `path` (a path or a name, see `resolve_config_path`) and return its
+    `get_config()`."""
+    path = resolve_config_path(path)
     spec = importlib.util.spec_from_file_location(f"_mpa_config_{abs(hash(path))}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -136,7 +136,8 @@ def export_checkpoint(
     """Write the HF directory for a run dir, its `checkpoints/` dir or one step dir (latest step when not given).
 
     `dtype`: "bfloat16" or "float32" tensors out. `tokenizer_dir`: tokenizer files copied alongside.
-    Returns `out_dir`.
+    The directory also gets its card, `mpa_checkpoint.json` (`mpa_jax.card.card_for_export`: the model,
+    tokenizer, chat template, and the run's context format and recipe). Returns `out_dir`.
     """
     from mpa_jax import models
 
@@ -159,7 +160,15 @@ def export_checkpoint(
             raise CheckpointError(f"{root}/{step}: params/{name} missing for a {cfg.family} model with the saved config")
         if tuple(got[name]) != tuple(shape):
             raise CheckpointError(f"{root}/{step}: params/{name} has shape {tuple(got[name])}, the saved config needs {tuple(shape)}")
-    return models.save_pretrained(models.Model(cfg, params), out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    out = models.save_pretrained(models.Model(cfg, params), out_dir, tokenizer_dir=tokenizer_dir, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    import jax
+
+    if jax.process_index() == 0:
+        from mpa_jax import card
+
+        run_dir = os.path.dirname(root) if os.path.basename(root) == "checkpoints" else root
+        card.write_json(os.path.join(out, card.CARD), card.card_for_export(run_dir, out, cfg.to_hf(), os.path.join(root, str(step))), default=str)
+    return out
 
 
 def _expected_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:

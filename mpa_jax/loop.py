@@ -184,7 +184,7 @@ class Loop:
 
             train = load_tasks("train", seed=int(cfg.tasks.seed), per_template=int(cfg.tasks.per_template))
             tasks = list(train[: int(cfg.oracle.max_tasks)] if int(cfg.oracle.max_tasks) > 0 else train) + tasks
-        trajs += collector.oracle(tasks, seed=int(cfg.seed) + round_index, variants=int(d.oracle_variants))
+        trajs += collector.oracle(tasks, seed=int(cfg.seed) + round_index, variants=int(cfg.oracle.variants))
         if str(d.teacher_url) and int(d.teacher_tasks) > 0:
             client = TeacherClient(str(d.teacher_url), model=str(d.teacher_model))
             trajs += collector.teacher(tasks[: int(d.teacher_tasks)], client, max_turns=int(cfg.rollout.max_turns))
@@ -250,8 +250,9 @@ class Loop:
     def rl(self, round_index: int, checkpoint: str, tasks_path: str = "", prior: str = "") -> dict[str, Any]:
         """CARE RL (`config.rl`) from the current HF model, exported to HF; skipped with the reason when
         `config.loop.rl_steps` is 0. Tasks by `loop.rl_tasks`: "select" = competence-aware selection of fresh
-        instances (`rl.selection = "competence"`, seeded by `prior`: the data stage's probe of this policy);
-        "data" = `tasks_path` (the previous data stage's constructed tasks); "split" = `config.rl.split`."""
+        instances (selection "competence"); "data" = `tasks_path` (the previous data stage's constructed tasks);
+        "split" = `config.rl.split`. `prior` (the data stage's probe of this policy) seeds CARE's competence table in
+        every mode. All three are passed to `run_rl` explicitly (config.rl is left as configured)."""
         steps = int(self.config.loop.rl_steps)
         if steps <= 0:
             return {"skipped": "config.loop.rl_steps is 0", "export_dir": checkpoint}
@@ -263,16 +264,17 @@ class Loop:
         source = str(self.config.loop.rl_tasks)
         if source not in ("select", "data", "split"):
             raise RLSetupError(f"config.loop.rl_tasks={source!r} must be 'select', 'data' or 'split'")
-        if source == "data" and tasks_path and os.path.exists(tasks_path):
-            cfg.rl.split = tasks_path
-        if source == "select":
-            cfg.rl.selection = "competence"
-            cfg.rl.select_prior = prior if prior and os.path.exists(prior) else ""
+        # the task source and the competence prior are passed to run_rl, not written into config.rl
+        split = tasks_path if source == "data" and tasks_path and os.path.exists(tasks_path) else None
+        selection = "competence" if source == "select" else None
+        # the data stage's probe of this policy seeds CARE's competence table (and, with selection, its weights)
+        prior = prior if prior and os.path.exists(prior) else None
         self._learner_mesh(cfg)
         if not str(cfg.tokenizer.path):
             cfg.tokenizer.path = self.tokenizer_dir()
         run_dir = self.path(f"r{round_index}", "rl")
-        res = run_rl(cfg, run_dir, init=checkpoint, tokenizer=self.tokenizer, progress=self.progress)
+        res = run_rl(cfg, run_dir, init=checkpoint, tokenizer=self.tokenizer, progress=self.progress, split=split,
+                     selection=selection, prior=prior)
         hf = export_checkpoint(res.checkpoint_dir, os.path.join(run_dir, "hf"), dtype=str(self.config.loop.export_dtype),
                                tokenizer_dir=self.tokenizer_dir())
         hist = list(res.history)
@@ -283,7 +285,7 @@ class Loop:
 
     def harness(self, round_index: int, eval_result: dict[str, Any], data_result: dict[str, Any] | None,
                 rollouts_dir: str = "") -> dict[str, Any]:
-        """Mine failure traces into proposals, review them by `config.loop.harness_review`, release a version
+        """Mine failure traces into proposals, review them by `config.harness.review.policy`, release a version
         when any is approved (harness evolution). Proposals come from the training side only (the round's
         data: curated episodes and the failures kept apart; its RL rollouts), so the evaluation tasks never
         shape the harness they are measured with; the evaluation's failures are clustered for the report."""
@@ -317,7 +319,7 @@ class Loop:
         store = HarnessStore(evolution.store_path(root))
         try:
             proposals = evolution.mine(episodes)
-            policy = str(self.config.loop.harness_review)
+            policy = str(self.config.harness.review.policy)
             added = evolution.submit(store, proposals, policy=policy)
             version = evolution.release(store, root, episodes)
         finally:
@@ -341,7 +343,7 @@ class Loop:
             base["gate"] = gate
         if version is None:
             why = ("no proposals mined" if not proposals else
-                   f"{len(added)} proposal(s) queued for review (loop.harness_review={policy!r}); none approved yet")
+                   f"{len(added)} proposal(s) queued for review (harness.review.policy={policy!r}); none approved yet")
             return {**base, "proposals": len(proposals), "queued": len(added), "skipped": f"release: {why}"}
         return {**base, "proposals": len(proposals), "queued": len(added), "version": version,
                 "version_dir": os.path.join(root, "versions", version), "changes": changes}

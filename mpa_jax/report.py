@@ -14,6 +14,8 @@ import json
 import os
 from typing import Any
 
+from mpa_jax.files import write_text
+
 _CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
 table{border-collapse:collapse;margin:8px 0 18px}td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}
 th{background:#eef}td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #ddd;margin:6px 0}
@@ -202,10 +204,7 @@ def write_page(path: str, title: str, parts: list[str]) -> str:
     """A self-contained HTML page (the report's CSS) of `parts` (HTML fragments: `html_table`, `png_img`, ...)."""
     text = "\n".join([f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
                       f"<h1>{html.escape(title)}</h1>", *parts, "</body></html>"])
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-    return path
+    return write_text(path, text)
 
 
 def html_table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -222,11 +221,7 @@ def png_img(path: str, alt: str) -> str:
 def write_report(workdir: str, summary: dict[str, Any]) -> str:
     """Write `<workdir>/report.html`; returns its path."""
     path = os.path.join(workdir, "report.html")
-    text = render_report(summary, workdir)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-    return path
+    return write_text(path, render_report(summary, workdir))
 
 
 def format_headline(summary: dict[str, Any]) -> str:

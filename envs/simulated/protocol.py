@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mpa_jax.envs.contract import Task, canonical_json
 from mpa_jax.envs.schema import SchemaError, compile_schema
 from mpa_jax.envs.simulated.catalog import SimTool
-
-if TYPE_CHECKING:  # the store imports InvalidReply from here; at run time only its methods are called
-    from mpa_jax.envs.simulated.store import SimState
+from mpa_jax.envs.simulated.store import InvalidReply, SimState  # noqa: F401  (InvalidReply: re-exported)
 
 
 # The one reply shape every backend must answer; `delta` is the typed change the store applies.
@@ -33,10 +31,6 @@ REPLY_SCHEMA = {
     "additionalProperties": False,
 }
 _validate_reply = compile_schema(REPLY_SCHEMA)
-
-
-class InvalidReply(ValueError):
-    """The simulator's reply broke the schema or disagreed with the state store; the message says how."""
 
 
 def simulator_prompt(tool: SimTool, args: dict[str, Any], task: Task, state: SimState, ledger: list[dict[str, Any]]) -> str:

@@ -9,7 +9,11 @@ from typing import Any, Iterable
 
 from mpa_jax.envs.contract import canonical_json
 from mpa_jax.envs.simulated.catalog import SIM_BY_TABLE, SIM_ENTITIES
-from mpa_jax.envs.simulated.protocol import InvalidReply
+
+
+class InvalidReply(ValueError):
+    """The simulator's reply broke the schema or disagreed with the state store; the message says how.
+    Defined here, below `protocol`, so that the protocol imports the store and never the reverse."""
 
 
 class SimState:

@@ -279,7 +279,7 @@ def evaluate_suite(suite_dir: str, *, budget_tokens: int = 2048, store_path: str
 
 
 def write_report(report: dict[str, Any], path: str) -> None:
-    if os.path.dirname(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1)
+    """The evaluation report as JSON at `path` (atomically)."""
+    from mpa_jax.files import write_json
+
+    write_json(path, report, indent=1, sort_keys=False)

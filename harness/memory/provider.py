@@ -42,10 +42,10 @@ class MemoryProvider:
         self._shared: MemoryStore | None = MemoryStore(path) if path else None
 
     @classmethod
-    def from_config(cls, memory_cfg: Any) -> "MemoryProvider":
-        """From the `config.memory` section: `path` ("" = one in-memory store per episode), `context_tokens`."""
-        path = str(memory_cfg.get("path", "") or "")
-        return cls(path or None, budget_tokens=int(memory_cfg.get("context_tokens", 512)))
+    def from_config(cls, harness_cfg: Any) -> "MemoryProvider":
+        """From the harness settings (`HarnessConfig`, i.e. `config.harness`): `memory_store` ("" = one in-memory
+        store per episode) and `memory_tokens` (the block's budget)."""
+        return cls(harness_cfg.memory_store or None, budget_tokens=int(harness_cfg.memory_tokens))
 
     def specs(self) -> list[ToolSpec]:
         return list(SPECS)

@@ -12,13 +12,13 @@ Without a starter directory the demo trains from scratch instead (untrained | SF
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import time
 from typing import Any
 
 from mpa_jax.cli import UserError
+from mpa_jax.files import write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,8 +154,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
               "starter": starter_dir, "columns": list(results), "results": results, "sft_train_loss": result.train_loss,
               "sft_eval_loss": result.eval_loss, "unigram_loss": result.unigram_loss, "export_dir": result.export_dir,
               "wall_s": time.perf_counter() - t0}
-    with open(os.path.join(workdir, "demo_summary.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
+    write_json(os.path.join(workdir, "demo_summary.json"), report)
     width = max(len(k) for k in results)
     console.rule(f"[bold]greedy success on the same {len(tasks)} {split} tasks: " + " vs ".join(results))
     console.print(f"{'':>{width}}  {'all':>7}  seen templates  held-out templates", highlight=False)

@@ -18,6 +18,8 @@ from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("examples: mpa device emulate --port 5555 &   then   mpa device call --device 127.0.0.1:5555"
+                     " --tool search_contacts --args '{\"query\": \"Alex\"}'")
     parser.add_argument("action", choices=("emulate", "call"), help="emulate: serve an emulated device; call: run one tool")
     parser.add_argument("--port", type=int, default=5555, help="emulate: TCP port on 127.0.0.1 (default 5555)")
     parser.add_argument("--device", default=None, help="call: device serial as `adb devices` lists it (default: config.envs.adb.device)")

@@ -1,4 +1,7 @@
-"""`mpa eval --config F --checkpoint DIR [--split test] [--harness on|off|both] [--k N]`: the benchmark.
+"""`mpa eval --checkpoint PATH|starter|untrained [--config NAME] [--split test] [--harness on|off|both] [--k N]`: the benchmark.
+
+`--checkpoint` is a start as every command names one (an HF directory, a run directory or `starter`;
+its own tokenizer, context format and positions), or `untrained` for the config's random model.
 
 Writes `<out>/eval.json` (default out: `<workdir>/eval/<checkpoint name>`): Overall, per template group,
 per category and per domain success, partial score, pass@1, pass^k, mean output tokens, tool calls and cost
@@ -20,7 +23,10 @@ from mpa_jax.cli import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="exported Hugging Face directory, or 'untrained' for the config's random model")
+    from mpa_jax.cli import add_start_argument
+
+    parser.epilog = "example: mpa eval --checkpoint starter --max-tasks 20"
+    add_start_argument(parser, required=True, extra="; or 'untrained' for the config's random model")
     parser.add_argument("--split", default=None, help="held-out split (default: config.eval.split)")
     parser.add_argument("--harness", default="off", help="on | off | both (both: the same checkpoint with and without the harness)")
     parser.add_argument("--k", type=int, default=None, help="runs per task (default: config.eval.k; 1 = one greedy run)")
@@ -44,10 +50,9 @@ def run(args: argparse.Namespace, config: Any) -> int:
         raise UserError(f"--k must be >= 1, got {args.k}")
     if min(args.seen, args.held_out, args.samples) < 0:
         raise UserError("--seen, --held-out and --samples must be >= 0")
-    ckpt = None if args.checkpoint == "untrained" else args.checkpoint
-    if ckpt is not None and not os.path.isdir(ckpt):
-        raise UserError(f"--checkpoint {ckpt}: no such directory")
-    name = "untrained" if ckpt is None else os.path.basename(os.path.normpath(ckpt))
+    # the CLI resolved the start and fitted the config to it: model.init_from is its HF directory
+    ckpt = str(config.model.init_from) if args.checkpoint != "untrained" and args.start is not None else None
+    name = "untrained" if ckpt is None else args.start.name
     out = args.out or os.path.join(args.workdir, "eval", name)
     split = args.split or str(config.eval.split)
     try:

@@ -1,5 +1,5 @@
 """`mpa experiment care-vs-vanilla|rl-lift --config ... [--init DIR] [--seeds N]`: named experiments
-(`mpa_jax.rl.experiment`, `mpa_jax.rl.lift`)."""
+(`mpa_jax.experiments.care_vs_vanilla`, `mpa_jax.experiments.rl_lift`)."""
 from __future__ import annotations
 
 import argparse
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     try:
         if args.name == "rl-lift":
-            from mpa_jax.rl.lift import rl_lift, table
+            from mpa_jax.experiments.rl_lift import rl_lift, table
 
             algos = [a.strip() for a in args.algos.split(",") if a.strip()]
             if not args.init or any(a not in ("care", "vanilla") for a in algos):
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
             print(table(summary))
             print(f"plot {summary['png']}   summary {args.workdir}/summary.json")
             return 0
-        from mpa_jax.rl.experiment import care_vs_vanilla, table
+        from mpa_jax.experiments.care_vs_vanilla import care_vs_vanilla, table
 
         summary = care_vs_vanilla(config, args.workdir, init=args.init, seeds=args.seeds)
     except (CheckpointError, ValueError) as e:

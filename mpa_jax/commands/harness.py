@@ -63,10 +63,9 @@ def run(args: argparse.Namespace, config: Any) -> int:
     except HarnessConfigError as e:
         raise UserError(str(e)) from None
     root = args.root or cfg.root
-    from mpa_jax.envs.context import ContextFormat
-
-    args.context = ContextFormat.from_config(config)  # the envs `eval` builds show the config's format
-    return {"tools": _tools, "call": _call, "mine": _mine, "review": _review, "eval": _eval}[args.action](args, cfg, root)
+    if args.action == "eval":  # the Evaluator runs on the whole config (envs, context format, rollout limits)
+        return _eval(args, config, cfg)
+    return {"tools": _tools, "call": _call, "mine": _mine, "review": _review}[args.action](args, cfg, root)
 
 
 def _session(cfg: Any) -> Any:
@@ -133,7 +132,7 @@ def harness_call(session: Any, tool: str, call_args: dict[str, Any], call_id: st
     from mpa_jax.envs import ErrorCode, Feedback
     from mpa_jax.harness.normalise import normalise_arguments, schema_hint
     from mpa_jax.harness.registry import unknown_tool_feedback
-    from mpa_jax.harness.runtime import HINTS, _call_provider
+    from mpa_jax.harness.runtime import HINTS, call_provider
 
     reg = session.registry
     if tool not in reg:
@@ -145,7 +144,7 @@ def harness_call(session: Any, tool: str, call_args: dict[str, Any], call_id: st
         err = reg.validate(tool, call_args)
         if err:
             return Feedback.error(ErrorCode.INVALID_ARGUMENTS, err, call_id, f"{tool}: {schema_hint(reg.spec(tool).parameters)}")
-    fb = _call_provider(provider, tool, call_args, call_id, max_chars=int(session.cfg.max_result_chars))
+    fb = call_provider(provider, tool, call_args, call_id, max_chars=int(session.cfg.max_result_chars))
     if not fb.ok and fb.error_code is not None and not fb.hint:
         fb = dataclasses.replace(fb, hint=HINTS.get(ErrorCode(fb.error_code), ""))
     return fb
@@ -229,54 +228,48 @@ def _review(args: argparse.Namespace, cfg: Any, root: str) -> int:
     return 0
 
 
-def _eval(args: argparse.Namespace, cfg: Any, root: str) -> int:
-    """Success on a split with the harness off and on (task tools; catalog retrieval), side by side."""
+def _eval(args: argparse.Namespace, config: Any, cfg: Any) -> int:
+    """Success on a split with the harness off and on (task tools; catalog retrieval; + memory), side by side:
+    four `Evaluator.evaluate` calls (one eval.json each under <workdir>/harness-eval/<planner>-<split>-<n>/<setting>/)."""
     import dataclasses
-    import time
 
     from mpa_jax.cli import UserError
-    from mpa_jax.envs import load_tasks, make_env
-    from mpa_jax.harness.episode import oracle_trajectory, run_episode
-    from mpa_jax.harness.runtime import HarnessSession
+    from mpa_jax.envs import load_tasks
+    from mpa_jax.eval import ORACLE, Evaluator
 
     tasks = load_tasks(args.split)
     if args.max_tasks:
         tasks = tasks[: args.max_tasks]
     if args.planner == "openai" and not args.url:
         raise UserError("eval --planner openai needs --url")
-    settings = {
-        "off": None,
-        "on (task tools)": dataclasses.replace(cfg, enabled=True, tools="task"),
-        "on (catalog)": dataclasses.replace(cfg, enabled=True, tools="catalog"),
-        "on (catalog+memory)": dataclasses.replace(cfg, enabled=True, tools="catalog", memory=True),
-    }
-    results = {}
-    for label, hcfg in settings.items():
-        new_env = lambda: make_env("sandbox", context=args.context)  # noqa: E731
-        session = HarnessSession(hcfg, env_factory=new_env) if hcfg is not None else None
-        t0 = time.perf_counter()
-        succ = infra = 0
-        for task in tasks:
-            env = session.env_factory() if session is not None else new_env()
-            version = session.version_label if session is not None else "none"
-            if args.planner == "oracle":
-                traj = oracle_trajectory(env, task, harness_version=version, reasoning=args.context.reasoning)
-            else:
-                from mpa_jax.harness.planners import OpenAIChatPlanner
+    if args.planner == "openai":
+        from mpa_jax.harness.planners import OpenAIChatPlanner
 
-                traj = run_episode(OpenAIChatPlanner(args.url), env, task, int(8), version)
-            succ += bool(traj.verification and traj.verification.success)
-            infra += traj.infra_failure
-        if session is not None:
-            session.close()
-        results[label] = {"n": len(tasks), "success": succ, "success_rate": succ / max(1, len(tasks)), "infra": infra,
-                          "wall_s": round(time.perf_counter() - t0, 2)}
+        planner: Any = OpenAIChatPlanner(args.url)
+    else:
+        planner = ORACLE
+    settings = {
+        "off": ("off", None),
+        "on (task tools)": ("task-tools", dataclasses.replace(cfg, enabled=True, tools="task")),
+        "on (catalog)": ("catalog", dataclasses.replace(cfg, enabled=True, tools="catalog")),
+        "on (catalog+memory)": ("catalog-memory", dataclasses.replace(cfg, enabled=True, tools="catalog", memory=True)),
+    }
+    ev = Evaluator(config, tasks, progress=False)
+    # a finished run under out_dir is reused (Evaluator.run): the directory names everything that selects it
+    base = os.path.join(args.workdir, "harness-eval", f"{args.planner}-{args.split}-{len(tasks)}")
+    results = {}
+    for label, (slug, hcfg) in settings.items():
+        rep = ev.evaluate(planner, out_dir=os.path.join(base, slug), harness="off" if hcfg is None else "on",
+                          harness_config=hcfg, label=f"harness {label}", split=args.split)
+        m = next(iter(rep["harness"].values()))
+        scored = m["overall"]["tasks"]  # infra failures are counted apart, never as the planner's failure
+        succ = round(m["overall"]["success"] * scored)
+        results[label] = {"n": len(tasks), "scored": scored, "success": succ, "success_rate": m["overall"]["success"],
+                          "infra": m["infra_failures"], "wall_s": round(rep["wall_s"], 2)}
     if args.json:
         print(json.dumps({"planner": args.planner, "split": args.split, "results": results}, sort_keys=True))
     else:
         print(f"planner {args.planner}, split {args.split}, {len(tasks)} tasks")
         for label, r in results.items():
-            print(f"  harness {label:<18} success {r['success']}/{r['n']} ({100 * r['success_rate']:.1f}%)  infra {r['infra']}  {r['wall_s']} s")
+            print(f"  harness {label:<18} success {r['success']}/{r['scored']} ({100 * r['success_rate']:.1f}%)  infra {r['infra']}  {r['wall_s']} s")
     return 0
-
-

@@ -16,8 +16,13 @@ from mpa_jax.cli import UserError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true", help="delete the run directory's earlier loop outputs first")
     parser.add_argument("--rounds", type=int, default=None, help="rounds after the cold start (default: config.loop.rounds)")
+    from mpa_jax.cli import add_start_argument
+
+    parser.epilog = "example: mpa loop --config micro --checkpoint starter --rounds 1 --workdir runs/loop"
+    add_start_argument(parser, extra="; default: --starter / config.demo.starter")
     parser.add_argument("--starter", default=None,
-                        help="starter planner directory to start from (default: config.demo.starter when set; '' = from scratch)")
+                        help="starter planner directory to start from (default: config.demo.starter when set; '' = from scratch);"
+                             " --checkpoint PATH names any start")
 
 
 def use_starter(config: Any, starter_arg: str | None) -> tuple[Any, str | None]:
@@ -62,8 +67,13 @@ def run(args: argparse.Namespace, config: Any) -> int:
             elif os.path.exists(p):
                 os.remove(p)
     console = Console()
-    config, starter = use_starter(config, args.starter)
-    console.print(f"starting from the starter planner {starter}" if starter else "starting from scratch (no starter planner)")
+    if args.start is not None:  # the CLI fitted the config to it (model.init_from, tokenizer, context format)
+        if args.starter is not None:
+            raise UserError("give the start once: --checkpoint or --starter")
+        console.print(f"starting from the checkpoint {args.start.path}")
+    else:
+        config, starter = use_starter(config, args.starter)
+        console.print(f"starting from the starter planner {starter}" if starter else "starting from scratch (no starter planner)")
     from mpa_jax.sft.data import DataError
 
     try:

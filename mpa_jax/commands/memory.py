@@ -15,6 +15,7 @@ import ml_collections
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = 'examples: mpa memory suite --tokens 100k --out runs/mem100k   |   mpa memory eval --suite runs/mem100k --out runs/mem.json'
     parser.add_argument("action", choices=("suite", "eval"), help="suite: write a suite; eval: evaluate memory on one")
     parser.add_argument("--tokens", default=None, help="suite: history size, 100k | 500k | 1m | 10m (or a number)")
     parser.add_argument("--out", default=None, help="suite: output folder; eval: output JSON file")

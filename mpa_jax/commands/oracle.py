@@ -3,6 +3,8 @@
 Each task of the split is solved by the oracle in the config's env kind (`--env`), and the chat is encoded
 with the chat template into a Trajectory: token ids, the assistant-only loss mask, log-probs 0 (no
 behaviour policy), steps, verification, messages and provenance planner="oracle". Prints a summary.
+With `--checkpoint` (a start, as every command names one) the demonstrations are encoded with that
+checkpoint's tokenizer and context format, ready for `mpa sft --checkpoint` on it.
 """
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", default=None, help="task split: train | dev | test, or a task JSONL (default: config.oracle.split)")
     parser.add_argument("--out", default=None, help="trajectory JSONL to write (default: <workdir>/oracle-<split>.jsonl)")
     parser.add_argument("--max-tasks", type=int, default=None, help="at most this many tasks (default: config.oracle.max_tasks; 0 = all)")
-    from mpa_jax.cli import add_env_arguments
+    from mpa_jax.cli import add_env_arguments, add_start_argument
 
+    parser.epilog = "example: mpa oracle --checkpoint starter --split train --max-tasks 50 --out runs/demos.jsonl"
+    add_start_argument(parser, extra="; the demonstrations use its tokenizer and context format (default: the config's)")
     add_env_arguments(parser)
 
 

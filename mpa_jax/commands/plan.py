@@ -8,6 +8,7 @@ from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = 'example: mpa plan --config qwen3_8b --devices 8'
     parser.add_argument("--devices", type=int, default=8, help="number of devices the mesh spreads over (default 8)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 

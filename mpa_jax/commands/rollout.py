@@ -1,8 +1,10 @@
-"""`mpa rollout --config ... [--checkpoint DIR] [--split dev] [--out FILE]`: episodes over a task split.
+"""`mpa rollout [--config NAME] [--checkpoint PATH|starter] [--split dev] [--out FILE]`: episodes over a task split.
 
 Writes one Trajectory per task (JSONL) and `<FILE without .jsonl>.summary.json` (the metrics of
 `mpa_jax.eval.metrics`: success overall, by template group, category and domain, costs); prints them.
-Without --checkpoint the config's model runs with random weights (the untrained baseline).
+`--checkpoint` is a start as every command names one (an HF directory, a run directory or `starter`; its
+own tokenizer, context format and positions). Without it (and without config.model.init_from) the config's
+model runs with random weights (the untrained baseline).
 """
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ from mpa_jax.envs.contract import SPLITS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from mpa_jax.cli import add_env_arguments
+    from mpa_jax.cli import add_env_arguments, add_start_argument
 
-    parser.add_argument("--checkpoint", default=None, help="exported Hugging Face checkpoint directory (default: untrained model)")
+    parser.epilog = "example: mpa rollout --checkpoint starter --split dev --max-tasks 8"
+    add_start_argument(parser, extra="; default: config.model.init_from, else the untrained model")
     parser.add_argument("--split", default=None, help="task split (train|dev|test) or a task JSONL path (default: config.rollout.split)")
     parser.add_argument("--out", default=None, help="trajectory JSONL to write (default: <workdir>/rollouts-<split>.jsonl)")
     parser.add_argument("--max-tasks", type=int, default=None, help="first N tasks of the split (default: config.rollout.max_tasks; 0 = all)")
@@ -35,8 +38,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     split = args.split or str(config.rollout.split)
     if split not in SPLITS and not os.path.isfile(split):
         raise UserError(f"--split {split!r} is neither one of {', '.join(SPLITS)} nor a task JSONL file")
-    if args.checkpoint is not None and not os.path.isdir(args.checkpoint):
-        raise UserError(f"--checkpoint {args.checkpoint} is not a directory")
+    ckpt = str(config.model.init_from) if args.start is not None else None  # the start's HF directory
     if args.max_tasks is not None and args.max_tasks < 0:
         raise UserError(f"--max-tasks must be >= 0, got {args.max_tasks}")
     n = int(config.rollout.max_tasks if args.max_tasks is None else args.max_tasks)
@@ -46,11 +48,11 @@ def run(args: argparse.Namespace, config: Any) -> int:
         raise UserError(f"--split {split!r} has no tasks")
     name = os.path.splitext(os.path.basename(split))[0]
     out = args.out or os.path.join(args.workdir, f"rollouts-{name}.jsonl")
-    label = os.path.basename(os.path.normpath(args.checkpoint)) if args.checkpoint else "untrained"
+    label = args.start.name if args.start is not None else "untrained"
     greedy = bool(config.rollout.greedy_eval) and not args.sample
     try:
         ev = Evaluator(config, tasks)
-        engine = ev.engine_for(args.checkpoint, args.workdir)
+        engine = ev.engine_for(ckpt, args.workdir)
         for p in (out, out[:-6] + ".summary.json" if out.endswith(".jsonl") else out + ".summary.json"):
             if os.path.exists(p):  # a rollout command always runs again (an eval reuses complete runs)
                 os.remove(p)

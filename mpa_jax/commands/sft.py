@@ -1,4 +1,12 @@
-"""`mpa sft --config configs/...`: the supervised planning cold start (see `mpa_jax.sft`)."""
+"""`mpa sft [--config NAME] [--checkpoint PATH|starter] [--data FILE] [--export]`: the supervised planning cold start.
+
+From scratch (the config's model and the project BPE) or from a checkpoint (`--checkpoint`: an HF
+directory, a run directory or `starter`; its shape, tokenizer and context format). The run directory
+always carries its tokenizer and card (`mpa_checkpoint.json`), so it is itself a start for `mpa rl
+--checkpoint RUN`; `--export` also writes `<workdir>/hf` with its card. See `mpa_jax.sft`.
+
+Example: mpa sft --checkpoint starter --max-steps 30 --export --workdir runs/my_sft
+"""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +15,10 @@ from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mpa_jax.cli import add_start_argument
+
+    parser.epilog = "example: mpa sft --checkpoint starter --max-steps 30 --export --workdir runs/my_sft"
+    add_start_argument(parser, extra="; default: config.model.init_from, else the config's model from scratch")
     parser.add_argument("--data", default=None, help="trajectory JSONL (default: config.sft.data; empty = make oracle trajectories first)")
     parser.add_argument("--export", action="store_true", help="also write the final model as a Hugging Face directory <workdir>/hf")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (the schedule keeps config.sft.steps)")
@@ -38,6 +50,13 @@ def init_distributed(args: argparse.Namespace) -> None:
     # CPU collectives across processes (only used when the platform is CPU; must precede initialize)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
+
+
+def jax_process_index() -> int:
+    """This process' index among the hosts (0 on one host)."""
+    import jax
+
+    return jax.process_index()
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
@@ -79,8 +98,18 @@ def run(args: argparse.Namespace, config: Any) -> int:
                                log=print, samples=max(0, args.eval_samples), ks=ks, temperature=args.eval_temperature)
     elif args.eval_samples or args.eval_pass_k:
         raise UserError("--eval-samples/--eval-pass-k need --eval-success N and/or --eval-held-out M (the tasks)")
+    from mpa_jax.card import stamp_run_dir, write_hf_card
+
+    recipe = dict(command=getattr(args, "command_line", None), config_file=getattr(args, "config_file", None),
+                  start=args.start.path if getattr(args, "start", None) else None)
     try:
+        if jax_process_index() == 0:  # the run dir is a start from its first checkpoint on: tokenizer + card first
+            stamp_run_dir(args.workdir, config, stage="sft", **recipe)
         result = run_sft(config, args.workdir, data, export=args.export or None, max_steps=args.max_steps, on_eval=on_eval)
+        if jax_process_index() == 0:
+            stamp_run_dir(args.workdir, config, stage="sft", **recipe)  # again: tokenizer files written meanwhile
+        if result.export_dir and jax_process_index() == 0:
+            write_hf_card(result.export_dir, config, stage="sft", **recipe)
     except (DataError, CheckpointError, ValueError) as e:  # bad data, checkpoint or config value: one line
         raise UserError(str(e)) from None
     except SFTDiverged as e:

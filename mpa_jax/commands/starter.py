@@ -6,6 +6,7 @@ from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = 'example: mpa starter --config starter --workdir runs/starter --out starter'
     parser.add_argument("--out", default="starter", help="directory to write the starter into (default: starter)")
     parser.add_argument("--data", default=None, help="oracle trajectories to train on (default: made into the run directory)")
     parser.add_argument("--eval-seen", type=int, default=96, help="final evaluation: dev tasks of templates seen in training")
@@ -21,7 +22,12 @@ def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.sft.starter import build_starter
     from mpa_jax.train import CheckpointError
 
+    from mpa_jax.card import stamp_run_dir
+
     try:
+        # the run's card first: the export (and so the starter directory) carries its recipe and context format
+        stamp_run_dir(args.workdir, config, stage="starter", command=getattr(args, "command_line", None),
+                      config_file=getattr(args, "config_file", None))
         sheet = build_starter(config, args.workdir, args.out, eval_seen=args.eval_seen, eval_held_out=args.eval_held_out,
                               curve_seen=args.curve_seen, curve_held_out=args.curve_held_out, data=args.data, note=args.note)
     except (DataError, CheckpointError, ValueError) as e:

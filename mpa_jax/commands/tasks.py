@@ -14,6 +14,7 @@ import ml_collections
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = 'example: mpa tasks --split dev --out runs/dev.jsonl'
     parser.add_argument("--split", default="test", help="train | dev | test (default: test, the benchmark)")
     parser.add_argument("--out", default=None, help="output JSONL (default: <workdir>/tasks_<split>.jsonl)")
     parser.add_argument("--no-cache", action="store_true", help="regenerate even when a cached copy exists")

@@ -13,6 +13,7 @@ import ml_collections
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = 'example: mpa tokenizer --out runs/tok'
     parser.add_argument("--out", default=None, help="output directory (default: <workdir>/tokenizer)")
     parser.add_argument("--from-tasks", default=None, metavar="SPLIT",
                         help="train on this task split of mpa_jax.envs too, and fail if envs has none "

@@ -20,12 +20,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Sequence
 
+from mpa_jax import seeds
 from mpa_jax.envs.contract import Action, Step, Trajectory, Verification
-
-
-def episode_seed(base: int, task_index: int, variant: int) -> int:
-    """Distinct, reproducible oracle episode seeds per (base seed, task, variant)."""
-    return (base * 1_000_003 + task_index * 97 + variant) % (2**31)
 
 
 def _bar(total: int, label: str, enabled: bool) -> tuple[Any, Any] | None:
@@ -112,7 +108,8 @@ class Collector:
         with `out` also written there (atomically: a partial file is never mistaken for the result). An
         episode whose env fails (a device lost at reset) is reported to `on_infra` and left out; an env that
         is gone for good (`envs.base.EnvUnavailable`: a dead device) stops the run with that error."""
-        from mpa_jax.envs import run_oracle_episode, write_jsonl
+        from mpa_jax.envs import run_oracle_episode
+        from mpa_jax.files import write_jsonl
         from mpa_jax.envs.base import EnvUnavailable
 
         kind = self.envs.default_kind
@@ -123,7 +120,7 @@ class Collector:
         try:
             for i, task in enumerate(tasks):
                 for v in range(max(1, variants)):
-                    s = episode_seed(seed, i, v)
+                    s = seeds.derive("oracle", seed, i, v)
                     try:
                         ep = run_oracle_episode(env, task, seed=s, reasoning=reasoning)
                     except EnvUnavailable as e:  # every remaining episode would fail the same way: stop the run
@@ -144,9 +141,7 @@ class Collector:
                 bar[0].stop()
             env.close()
         if out is not None:
-            os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-            write_jsonl(out + ".tmp", trajs)
-            os.replace(out + ".tmp", out)
+            write_jsonl(out, trajs)
         return trajs
 
     def teacher(self, tasks: Sequence[Any], client: Any, *, max_turns: int = 8,

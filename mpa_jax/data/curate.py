@@ -23,7 +23,8 @@ import statistics
 from typing import Any, Mapping, Sequence
 
 from mpa_jax.data.keys import key_of_trajectory
-from mpa_jax.envs.contract import Trajectory, canonical_json, write_jsonl
+from mpa_jax.envs.contract import Trajectory, canonical_json
+from mpa_jax.files import write_json, write_jsonl
 
 
 @dataclasses.dataclass
@@ -66,15 +67,12 @@ class CurationResult:
         """Write `path` (SFT JSONL), `<path>.failures.jsonl` and the datasheet `<stem>.datasheet.json`; returns the datasheet path."""
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         stem = path[:-6] if path.endswith(".jsonl") else path
-        write_jsonl(path + ".tmp", self.examples)
-        os.replace(path + ".tmp", path)
+        write_jsonl(path, self.examples)
         write_jsonl(stem + ".failures.jsonl", self.failures)
         sheet = dict(self.datasheet, name=name or os.path.basename(stem), path=os.path.abspath(path),
                      failures_path=os.path.abspath(stem + ".failures.jsonl"))
         ds = stem + ".datasheet.json"
-        with open(ds + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(sheet, f, indent=2, sort_keys=True)
-        os.replace(ds + ".tmp", ds)
+        write_json(ds, sheet)
         self.datasheet = sheet
         return ds
 

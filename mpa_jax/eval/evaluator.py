@@ -1,24 +1,42 @@
-"""`Evaluator`: a checkpoint (or a live engine) on a task list, k runs per task, with and/or without the harness.
+"""`Evaluator`: a checkpoint, a live engine or a chat planner on a task list, greedy or sampled, with and/or
+without the harness. The one evaluation path: `mpa eval`, `mpa harness eval`, the SFT success hook, the loop.
 
     ev = Evaluator(config, tasks)                       # tasks: eval.tasks.select_tasks(...)
     report = ev.evaluate("runs/x/hf", out_dir="runs/x/eval", harness="both", k=1)   # -> eval.json
 
-Episodes run through the config's `EpisodeRunner` (one per harness mode); the rollouts of mode m, run i go
-to `<out_dir>/<m>/run<i>.jsonl` with their metrics beside them (`run<i>.summary.json`, written last: a run
-whose summary exists is complete and is reused, so an interrupted evaluation continues where it stopped).
-k = 1 is one greedy run; k > 1 are k sampled runs (config.rollout.temperature, seeds seed..seed+k-1).
-Every figure comes from `eval.metrics.eval_metrics` (per task, infra failures excluded and counted apart).
+Episodes run through one `EpisodeRunner` (envs, env pool, harness session) per harness mode of an
+evaluation. k = 1 is one greedy run (`<out_dir>/<mode>/run0.jsonl`); k > 1 is the one sampled mode: every
+task repeated k times in one batch at `temperature` (default config.rollout.temperature; each episode its
+own sampling seed) to `<out_dir>/<mode>/sampled.jsonl`, reported as pass@1, pass@k (unbiased, for every k
+in `ks`) and pass^k together. Each run's metrics go beside it (`<run>.summary.json`, written last: a run
+whose summary exists is complete and is reused, so an interrupted evaluation continues where it stopped);
+`eval.json` is written once, at the end. Every figure comes from `eval.metrics.eval_metrics` (per task,
+infra failures excluded and counted apart).
+
+A chat planner (anything with `respond(messages, tools)`, e.g. `harness.planners.OpenAIChatPlanner`) or
+`ORACLE` (the scripted oracle) runs through the same runner's envs and harness session with the chat-level
+episode rules (`harness.episode`), `config.rollout.max_turns` turns.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Callable, Sequence
 
 from mpa_jax.eval.metrics import PriceTable, eval_metrics
+from mpa_jax.files import write_json, write_jsonl
 
 HARNESS_MODES = ("off", "on", "both")
+
+
+class _Oracle:
+    """The scripted oracle planner as an evaluation source (`ORACLE`)."""
+
+    name = "oracle"
+    weight_version = "oracle"
+
+
+ORACLE = _Oracle()
 
 
 def harness_modes(harness: str) -> list[str]:
@@ -28,10 +46,18 @@ def harness_modes(harness: str) -> list[str]:
     return ["off", "on"] if harness == "both" else [harness]
 
 
-def _write_json(path: str, obj: Any) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
+def default_ks(k: int, ks: Sequence[int] = ()) -> tuple[int, ...]:
+    """The k values of pass@k for `k` runs per task (default 1 and `k`); ValueError when one is not in 1..k."""
+    ks = tuple(int(j) for j in ks) or ((1, k) if k > 1 else (1,))
+    if min(ks) < 1:
+        raise ValueError(f"pass@k needs k >= 1, got k={min(ks)}")
+    if k and max(ks) > k:
+        raise ValueError(f"pass@k with k={max(ks)} needs at least {max(ks)} samples per task, got {k}")
+    return ks
+
+
+def _is_chat(source: Any) -> bool:
+    return source is ORACLE or callable(getattr(source, "respond", None))
 
 
 class Evaluator:
@@ -47,10 +73,12 @@ class Evaluator:
         self.prices = PriceTable.from_config(config.eval.prices)
 
     def engine_for(self, source: Any, workdir: str) -> Any:
-        """An engine for `source`: an engine as it is, an exported HF directory, or None (the config's model,
-        untrained); the tokenizer comes with the checkpoint when it carries one."""
+        """An engine for `source`: an engine or chat planner as it is, an exported HF directory, or None (the
+        config's model, untrained); the tokenizer comes with the checkpoint when it carries one."""
         from mpa_jax.rollout import engines
 
+        if _is_chat(source):
+            return source
         if source is not None and not isinstance(source, (str, os.PathLike)):
             if self.tokenizer is None:
                 raise ValueError("Evaluator: pass tokenizer= with an engine")
@@ -61,39 +89,78 @@ class Evaluator:
             self.tokenizer = engines.load_rollout_tokenizer(self.config, checkpoint, workdir)
         return engines.make_engine(self.config, checkpoint, tokenizer=self.tokenizer)
 
+    def runner(self, *, harness: bool | None = None, harness_version_dir: str = "", harness_config: Any = None) -> Any:
+        """The `EpisodeRunner` of one harness mode (close it, or use it as a context manager). `harness_config`
+        (a `HarnessConfig`) runs that harness instead of `config.harness`."""
+        from mpa_jax.envs.pool import EnvPool, limits_from_config
+        from mpa_jax.rollout.runner import EnvFactory, EpisodeRunner
+
+        if harness_config is None:
+            return EpisodeRunner.from_config(self.config, harness=harness, harness_version_dir=harness_version_dir)
+        from mpa_jax.harness.runtime import HarnessSession
+
+        return EpisodeRunner(EnvFactory(self.config), pool=EnvPool(limits_from_config(self.config)),
+                             harness=HarnessSession(harness_config))
+
     def run(self, engine: Any, out_path: str, *, harness: bool | None = None, harness_version_dir: str = "", greedy: bool = True,
-            seed: int | None = None, label: str = "", tasks: Sequence[Any] | None = None) -> list[Any]:
+            seed: int | None = None, label: str = "", tasks: Sequence[Any] | None = None, temperature: float | None = None,
+            runner: Any = None) -> list[Any]:
         """One run of every task (or `tasks`): trajectories to `out_path`, metrics to `<out_path>.summary.json`;
-        a complete earlier run there is read back instead. `harness`: on/off (None: `config.harness.enabled`)."""
-        from mpa_jax.envs import Trajectory, read_jsonl, write_jsonl
-        from mpa_jax.rollout.runner import EpisodeConfig, EpisodeRunner
+        a complete earlier run there is read back instead. `runner` (from `runner()`) is used as it is; without
+        one, a runner for `harness` (None: `config.harness.enabled`) is built for this run and closed."""
+        from mpa_jax.envs import Trajectory, read_jsonl
+        from mpa_jax.rollout.runner import EpisodeConfig
 
         summary_path = out_path[:-6] + ".summary.json" if out_path.endswith(".jsonl") else out_path + ".summary.json"
         if os.path.exists(summary_path) and os.path.exists(out_path):
             return read_jsonl(out_path, Trajectory)
         tasks = list(tasks) if tasks is not None else self.tasks
+        if runner is None:
+            with self.runner(harness=harness, harness_version_dir=harness_version_dir) as own:
+                return self.run(engine, out_path, greedy=greedy, seed=seed, label=label, tasks=tasks, temperature=temperature,
+                                runner=own)
         self._check_positions(engine)
+        overrides = {} if temperature is None else {"temperature": float(temperature)}
         cfg = EpisodeConfig.from_config(self.config.rollout, seed=int(self.config.seed if seed is None else seed), greedy=greedy,
-                                        planner=label or "policy")
+                                        planner=label or "policy", **overrides)
         t0 = time.perf_counter()
-        with EpisodeRunner.from_config(self.config, harness=harness, harness_version_dir=harness_version_dir) as runner:
+        if _is_chat(engine):
+            trajs = self._with_progress(lambda on_done: self._chat(engine, tasks, runner, cfg, on_done), len(tasks), label)
+        else:
             trajs = self._with_progress(lambda on_done: runner.run(engine, self.tokenizer, tasks, cfg, on_done=on_done),
                                         len(tasks), label)
-        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         write_jsonl(out_path, trajs)
-        metrics = eval_metrics(trajs, k=1, prices=self.prices)
+        repeats = max(1, len(tasks) // max(1, len({t.id for t in tasks})))
+        metrics = eval_metrics(trajs, k=repeats, prices=self.prices)
         metrics.update(label=label, weight_version=str(getattr(engine, "weight_version", "")), greedy=greedy,
-                       wall_s=time.perf_counter() - t0, out_path=out_path)
-        _write_json(summary_path, metrics)
+                       temperature=cfg.temperature, wall_s=time.perf_counter() - t0, out_path=out_path)
+        write_json(summary_path, metrics)
         return trajs
 
+    def sample(self, engine: Any, out_path: str, n: int, *, temperature: float | None = None, seed: int | None = None,
+               label: str = "sampled", runner: Any = None, harness: bool | None = None) -> list[Any]:
+        """The sampled mode: `n` rollouts of every task in one run (each task repeated n times, every episode its
+        own sampling seed) at `temperature` (default `config.rollout.temperature`)."""
+        if n < 1:
+            raise ValueError(f"samples per task must be >= 1, got {n}")
+        temp = float(self.config.rollout.temperature if temperature is None else temperature)
+        if temp <= 0:
+            raise ValueError(f"sampled runs need a temperature > 0, got {temp} (greedy is k = 1)")
+        repeated = [t for t in self.tasks for _ in range(n)]
+        return self.run(engine, out_path, greedy=False, seed=seed, label=label, tasks=repeated, temperature=temp,
+                        runner=runner, harness=harness)
+
     def evaluate(self, source: Any, *, out_dir: str, harness: str = "off", k: int = 1, label: str = "eval",
-                 harness_version_dir: str = "", workdir: str | None = None) -> dict[str, Any]:
-        """k runs per task per harness mode; writes and returns `<out_dir>/eval.json`."""
+                 harness_version_dir: str = "", workdir: str | None = None, temperature: float | None = None,
+                 ks: Sequence[int] = (), split: str | None = None, harness_config: Any = None) -> dict[str, Any]:
+        """Per harness mode, one greedy run (k = 1) or the sampled mode (k > 1: pass@k for `ks`, default 1 and k,
+        and pass^k); writes `<out_dir>/eval.json` once and returns it. `harness_config` replaces
+        `config.harness` for the "on" mode (`mpa harness eval`'s settings)."""
         from mpa_jax.harness.runtime import version_of
 
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        ks = default_ks(k, ks)
         modes = harness_modes(harness)
         os.makedirs(out_dir, exist_ok=True)
         t0 = time.perf_counter()
@@ -102,25 +169,55 @@ class Evaluator:
             engine = self.engine_for(source, workdir or out_dir)
         results: dict[str, Any] = {}
         for mode in modes:
-            trajs: list[Any] = []
-            for i in range(k):
-                trajs += self.run(engine, os.path.join(out_dir, mode, f"run{i}.jsonl"), harness=mode == "on",
-                                  harness_version_dir=harness_version_dir, greedy=k == 1, seed=int(self.config.seed) + i,
-                                  label=f"{label}/{mode}/{i}")
-            results[mode] = eval_metrics(trajs, k=k, prices=self.prices)
+            with self.runner(harness=mode == "on", harness_version_dir=harness_version_dir,
+                             harness_config=harness_config if mode == "on" else None) as runner:
+                if k == 1:
+                    trajs = self.run(engine, os.path.join(out_dir, mode, "run0.jsonl"), greedy=True, label=f"{label}/{mode}",
+                                     runner=runner)
+                else:
+                    trajs = self.sample(engine, os.path.join(out_dir, mode, "sampled.jsonl"), k, temperature=temperature,
+                                        label=f"{label}/{mode}", runner=runner)
+                version = runner.harness_version
+            results[mode] = eval_metrics(trajs, k=k, prices=self.prices, ks=ks)
+            results[mode]["harness_version"] = version
         checkpoint = os.fspath(source) if isinstance(source, (str, os.PathLike)) else None
         report: dict[str, Any] = {
             "checkpoint": os.path.abspath(checkpoint) if checkpoint else None,
             "weight_version": str(getattr(engine, "weight_version", "")),
-            "tasks": len(self.tasks), "k": k, "greedy": k == 1, "harness": results,
+            "tasks": len(self.tasks), "k": k, "ks": list(ks), "greedy": k == 1, "harness": results,
+            "temperature": 0.0 if k == 1 else float(self.config.rollout.temperature if temperature is None else temperature),
             "harness_version": version_of(harness_version_dir) if harness_version_dir and "on" in modes else "none",
             "wall_s": time.perf_counter() - t0,
         }
+        if split is not None:
+            report["split"] = split
         if len(modes) == 2:
             report["harness_delta_success"] = results["on"]["overall"]["success"] - results["off"]["overall"]["success"]
-        _write_json(os.path.join(out_dir, "eval.json"), report)
+        write_json(os.path.join(out_dir, "eval.json"), report)
         write_tensorboard(out_dir, report)
         return report
+
+    def _chat(self, planner: Any, tasks: list[Any], runner: Any, cfg: Any, on_done: Callable[[Any], None] | None) -> list[Any]:
+        """Chat-level episodes of `planner` (or the oracle), one task after another, on the runner's envs and
+        harness session."""
+        from mpa_jax.harness.episode import oracle_trajectory, run_episode
+
+        out = []
+        for i, task in enumerate(tasks):
+            env = runner.envs(runner.envs.kind_for(task))
+            if runner.harness is not None:
+                from mpa_jax.harness.runtime import HarnessEnv
+
+                env = HarnessEnv(env, runner.harness)
+            if planner is ORACLE:
+                traj = oracle_trajectory(env, task, seed=cfg.seed + i, harness_version=runner.harness_version,
+                                         reasoning=runner.envs.context.reasoning)
+            else:
+                traj = run_episode(planner, env, task, cfg.max_turns, runner.harness_version)
+            out.append(traj)
+            if on_done is not None:
+                on_done(traj)
+        return out
 
     def _check_positions(self, engine: Any) -> None:
         from mpa_jax.rollout.engines import RolloutSetupError
@@ -170,11 +267,8 @@ def evaluate(config: Any, checkpoint: Any, *, out_dir: str, split: str | None = 
         tasks = select_tasks(split, n=int(config.eval.max_tasks if max_tasks is None else max_tasks),
                              seed=int(config.tasks.seed), per_template=int(config.tasks.per_template))
     ev = Evaluator(config, tasks, tokenizer=tokenizer, progress=progress)
-    report = ev.evaluate(checkpoint, out_dir=out_dir, harness=harness, k=int(config.eval.k if k is None else k), label=label,
-                         harness_version_dir=harness_version_dir, workdir=workdir)
-    report["split"] = split
-    _write_json(os.path.join(out_dir, "eval.json"), report)
-    return report
+    return ev.evaluate(checkpoint, out_dir=out_dir, harness=harness, k=int(config.eval.k if k is None else k), label=label,
+                       harness_version_dir=harness_version_dir, workdir=workdir, split=split)
 
 
 def format_eval(report: dict[str, Any]) -> str:
@@ -185,12 +279,15 @@ def format_eval(report: dict[str, Any]) -> str:
         o = m["overall"]
         cur = m["prices"]["currency"]
         lines.append(f"harness {mode}: {report['tasks']} {report.get('split', '')} tasks, k={k}, infra failures {m['infra_failures']}")
-        lines.append(f"  {'':<18}{'success':>9}{'partial':>9}{'pass@1':>8}{f'pass^{k}':>8}{'out tok':>9}{'calls':>7}")
+        atk = [f"pass@{j}" for j in report.get("ks", [1]) if j > 1]  # sampled mode: pass@k beside pass^k
+        lines.append(f"  {'':<18}{'success':>9}{'partial':>9}{'pass@1':>8}" + "".join(f"{a:>8}" for a in atk)
+                     + f"{f'pass^{k}':>8}{'out tok':>9}{'calls':>7}")
         groups = {"seen": "seen templates", "held_out": "held-out tmpl"}
         rows = [("Overall", o)] + [(groups[g], b) for g, b in m.get("by_templates", {}).items()] + list(m["by_category"].items())
         for name, b in rows:
             lines.append(f"  {name:<18}{100 * b['success']:8.1f}%{b['partial_score']:9.3f}{100 * b['pass@1']:7.1f}%"
-                         f"{100 * b[f'pass^{k}']:7.1f}%{b['mean_output_tokens']:9.1f}{b['mean_tool_calls']:7.2f}")
+                         + "".join(f"{100 * b[a]:7.1f}%" for a in atk)
+                         + f"{100 * b[f'pass^{k}']:7.1f}%{b['mean_output_tokens']:9.1f}{b['mean_tool_calls']:7.2f}")
         c = o["cost_per_1k_tasks"]
         lines.append(f"  cost per 1,000 tasks: {c['total']:.4f} {cur} (input {c['input_tokens']:.4f}, output {c['output_tokens']:.4f},"
                      f" tool calls {c['tool_calls']:.4f}, device {c['device_seconds']:.4f}); output tokens only (the seed's"

@@ -6,21 +6,22 @@ tasks greedily through the `Evaluator` and returns the success figures (`eval.me
 overall, on templates seen in training and on held-out templates, by category), so that one
 `mpa sft --eval-success N` run gives the learning curve.
 
-With `samples=n` it also runs n sampled rollouts per task and reports the unbiased pass@k for every k in
-`ks` (`eval.metrics.pass_at_k_metrics`). The same for an exported checkpoint, as one command:
+With `samples=n` it also runs the evaluator's sampled mode (`Evaluator.sample`: n rollouts per task) and
+reports the unbiased pass@k for every k in `ks` (`eval.metrics.pass_at_k_metrics`). The same for an exported
+checkpoint, as one command (`passk_report`: `Evaluator.evaluate` greedy, then k = n sampled per
+temperature, each with its eval.json; passk.json is their summary):
 
     mpa eval --config configs/starter.py --checkpoint starter --seen 32 --held-out 16 --samples 8 --pass-k 1 4 8 \
         --temperature 1.0 0.7 --workdir runs/passk
 """
 from __future__ import annotations
 
-import copy
 import os
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from mpa_jax.eval.evaluator import Evaluator
-from mpa_jax.eval.metrics import eval_metrics, pass_at_k_metrics, success_view
+from mpa_jax.eval.evaluator import Evaluator, default_ks
+from mpa_jax.eval.metrics import eval_metrics, pass_at_k_metrics, passk_view, success_view
 
 CATEGORIES = ("tool_use", "memory", "skills", "subagent")
 
@@ -28,36 +29,15 @@ CATEGORIES = ("tool_use", "memory", "skills", "subagent")
 def pass_ks(samples: int, ks: Sequence[int] = ()) -> tuple[int, ...]:
     """The k values of pass@k for `samples` runs per task (default 1 and `samples`); ValueError when a k is
     not in 1..samples."""
-    ks = tuple(int(k) for k in ks) or ((1, samples) if samples > 1 else (1,))
-    if min(ks) < 1:
-        raise ValueError(f"pass@k needs k >= 1, got k={min(ks)}")
-    if samples and max(ks) > samples:
-        raise ValueError(f"pass@k with k={max(ks)} needs at least {max(ks)} samples per task, got {samples}")
-    return ks
-
-
-def sampled_runs(ev: Evaluator, engine: Any, samples: int, out_path: str, temperature: float | None = None,
-                 seed: int = 0, label: str = "sampled") -> list[Any]:
-    """`samples` sampled rollouts of every task of `ev` (one batch: each task repeated, every episode its own
-    sampling seed) at `temperature` (default `config.rollout.temperature`)."""
-    if samples < 1:
-        raise ValueError(f"samples per task must be >= 1, got {samples}")
-    if temperature is not None and float(temperature) <= 0:
-        raise ValueError(f"sampled pass@k needs a temperature > 0, got {temperature} (greedy is the k=1 column)")
-    if temperature is not None:
-        ev = copy.copy(ev)
-        ev.config = copy.deepcopy(ev.config)
-        ev.config.rollout.temperature = float(temperature)
-    repeated = [t for t in ev.tasks for _ in range(samples)]
-    return ev.run(engine, out_path, greedy=False, seed=seed, label=label, tasks=repeated)
+    return default_ks(samples, ks)
 
 
 def success_eval(config: Any, tasks: Sequence[Any], tokenizer: Any, out_dir: str,
                  log: Callable[[str], None] | None = None, samples: int = 0, ks: Sequence[int] = (),
                  temperature: float | None = None) -> Callable[[int, Any], dict[str, float]]:
     """An `on_eval(step, params)` hook: greedy rollouts of `params` on `tasks`, trajectories kept under
-    `out_dir/step_<n>.jsonl`; returns `success_view` of their metrics. With `samples` > 0, also that many
-    sampled runs per task (`out_dir/step_<n>.sampled.jsonl`) and pass@k for k in `ks` (default 1 and `samples`)."""
+    `out_dir/step_<n>.jsonl`; returns `success_view` of their metrics. With `samples` > 0, also the sampled
+    mode (`out_dir/step_<n>.sampled.jsonl`) and pass@k for k in `ks` (default 1 and `samples`)."""
     ks = pass_ks(samples, ks)
     from mpa_jax import models
     from mpa_jax.rollout.engines import make_engine
@@ -68,12 +48,13 @@ def success_eval(config: Any, tasks: Sequence[Any], tokenizer: Any, out_dir: str
     def on_eval(step: int, params: Any) -> dict[str, float]:
         t0 = time.perf_counter()
         engine = make_engine(config, params=params, model_cfg=cfg, version=f"sft-{step}", tokenizer=tokenizer)
-        trajs = ev.run(engine, os.path.join(out_dir, f"step_{step}.jsonl"), greedy=True, label=f"sft-{step}")
-        out = success_view(eval_metrics(trajs))
-        if samples:
-            sampled = sampled_runs(ev, engine, samples, os.path.join(out_dir, f"step_{step}.sampled.jsonl"), temperature,
-                                   seed=int(config.seed), label=f"sft-{step}-sampled")
-            out.update(pass_at_k_metrics(sampled, tasks, ks))
+        with ev.runner() as runner:  # one runner (envs, pool, harness session) for the greedy and sampled runs
+            trajs = ev.run(engine, os.path.join(out_dir, f"step_{step}.jsonl"), greedy=True, label=f"sft-{step}", runner=runner)
+            out = success_view(eval_metrics(trajs))
+            if samples:
+                sampled = ev.sample(engine, os.path.join(out_dir, f"step_{step}.sampled.jsonl"), samples, temperature=temperature,
+                                    seed=int(config.seed), label=f"sft-{step}-sampled", runner=runner)
+                out.update(pass_at_k_metrics(sampled, tasks, ks))
         out["success_wall_s"] = time.perf_counter() - t0
         if log is not None:
             passk = "".join(f", pass@{k} {100 * out[f'pass@{k}']:.1f}%" for k in ks) if samples else ""
@@ -86,19 +67,21 @@ def success_eval(config: Any, tasks: Sequence[Any], tokenizer: Any, out_dir: str
 
 def passk_report(ev: Evaluator, engine: Any, out_dir: str, *, samples: int, ks: Sequence[int],
                  temperatures: Sequence[float]) -> dict[str, Any]:
-    """Greedy success and sampled pass@k per temperature of `engine` on `ev`'s tasks; the report `mpa eval
-    --samples` prints (rollouts under `out_dir`)."""
+    """Greedy success and the sampled mode's pass@k (and pass^samples) per temperature of `engine` on `ev`'s
+    tasks, through `Evaluator.evaluate` (each its eval.json under `out_dir/greedy`, `out_dir/T<t>`); the
+    report `mpa eval --samples` prints and keeps as passk.json."""
     from mpa_jax.eval.tasks import held_out_templates
 
-    t0 = time.perf_counter()
-    greedy = success_view(eval_metrics(ev.run(engine, os.path.join(out_dir, "greedy.jsonl"), greedy=True, label="greedy")))
-    greedy["wall_s"] = time.perf_counter() - t0
+    mode = "on" if ev.config.harness.enabled else "off"
+    greedy_rep = ev.evaluate(engine, out_dir=os.path.join(out_dir, "greedy"), k=1, harness=mode, label="greedy")
+    greedy = {**success_view(greedy_rep["harness"][mode]), "wall_s": greedy_rep["wall_s"]}
     sampled = {}
     for temp in temperatures:
-        t0 = time.perf_counter()
-        trajs = sampled_runs(ev, engine, samples, os.path.join(out_dir, f"sampled_T{temp:g}.jsonl"), temp,
-                             seed=int(ev.config.seed), label=f"T{temp:g}")
-        sampled[f"{temp:g}"] = {**pass_at_k_metrics(trajs, ev.tasks, ks), "wall_s": time.perf_counter() - t0}
+        rep = ev.evaluate(engine, out_dir=os.path.join(out_dir, f"T{temp:g}"), k=samples, ks=ks, temperature=temp,
+                          harness=mode, label=f"T{temp:g}")
+        m = rep["harness"][mode]
+        sampled[f"{temp:g}"] = {**passk_view(m, samples=samples), f"pass^{samples}": m["overall"][f"pass^{samples}"],
+                                "wall_s": rep["wall_s"]}
     ho = held_out_templates()
     cats: dict[str, int] = {}
     for t in ev.tasks:

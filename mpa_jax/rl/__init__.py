@@ -1,8 +1,13 @@
-"""Online RL for the planner (DESIGN §6-7): CARE and vanilla group-relative policy gradients.
+"""Online RL for the planner (DESIGN §6-7): CARE and vanilla group-relative policy gradients, as roles.
 
-`care` (advantage maths, competence table; numpy), `loss` (clipped-ratio token loss), `batch` (packing
-rollouts with float per-token fields), `rollouts` (task source over the env mixture, group rollouts through
-the episode runner, staleness; no jax), `learner` (train state, reference, `update`), `update` (the
-token-budgeted update), `trainer` (`run_rl`: the loop over the roles), `experiment` (CARE vs vanilla).
-Nothing here is imported by `import mpa_jax`.
+Roles (what `trainer.run_rl`'s loop calls): `worker.RolloutWorker` (tasks in, scored groups out; async prefetch;
+`sync(params, version)`), `advantage.Care` (advantages from rollouts and competence; the matched-arms keep rule),
+`learner.Learner` (train state, reference, `update`).
+Their parts: `tasks` (task source over the env mixture, cursors, competence-aware selection; no jax), `rollouts`
+(group rollouts through the episode runner, infra retries, the `Rollouts` record; no jax), `care` (the advantage
+maths; numpy), `competence` (the hierarchical competence table; numpy), `loss` (clipped-ratio token loss), `batch`
+(packing rollouts with float per-token fields), `update` (the token-budgeted update), `start` (config checks, init
+weights), `step_log` (metrics.jsonl, competence.jsonl, the console line), `errors`.
+Experiment drivers (rl-lift, care-vs-vanilla) live in `mpa_jax.experiments`. Nothing here is imported by
+`import mpa_jax`.
 """

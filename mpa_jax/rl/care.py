@@ -1,38 +1,50 @@
 """CARE and vanilla group-relative advantages: host-side numpy, no model (DESIGN §6).
 
-CARE (`cfg.algo == "care"`), per rollout i of group g (one task) and competence key k (its template):
+CARE (`cfg.algo == "care"`), per rollout i of group g (one task) and competence key k (template x difficulty,
+`rl/competence.py`):
 
     r_i   = success_i * (1 - lambda(c_k) * cost_hat_i)
-    a_i   = (r_i - mean_g r) / (std_g r + eps)                         group-relative
-    a_i  *= 1 + beta * (1 - c_k)        if success_i and a_i > 0        hard keys amplified
+    a_i   = (r_i - mean_g r) / (std_g success + eps)   if the group mixes successes and failures
+    a_i   =  r_i - mean_g r                              if every rollout succeeded (std_g success = 0)
+    a_i  *= 1 + beta * (1 - c_k)        if success_i and a_i > 0        ablation: hard keys amplified (beta 0 = off)
     a_i   = adv_clip * tanh(a_i / adv_clip)                             clipped (smoothly)
     a_i   = 0                           if the group's rewards have no variance
 
-Opt-in failure term (`failure_cost` f > 0; default 0, DESIGN §6's maths exactly): in a group that has a
-success, a failure gets r_i = -f * lambda(c_k) * (1 + fail_hat_i) / 2 in (-f lambda, 0], fail_hat the same
-squashed z-score against the *failed* rollouts of the key, so a failure that loops or wanders costs more than
-one that ends short, and still ranks below every success. A group without a success gets no failure term (its
-rewards stay equal: nothing to learn, and an incompetent key is not taught to fail fast).
+The size of lambda means something everywhere (issue 50). Dividing by the std of the group's *rewards* (plain
+GRPO) would turn any lambda > 0 into unit-size length advantages in an all-success group, so lambda's size would
+hardly matter there. CARE divides by the std of the group's task outcome instead (the same scale as vanilla's
+advantages), and not at all in all-success groups: there a_i = -lambda(c_k) (cost_hat_i - mean_g cost_hat), in
+units of one success, so lambda 0.1 moves the policy a tenth as hard as lambda 1 and at most 2 lambda. With
+lambda = 0 and beta = 0 CARE's advantages are vanilla's (up to the smooth clip). Both are affine in r with a
+positive scale inside a group, so the order of rewards is the order of advantages.
+
+Ablations (config flags, off in CARE as designed): `beta` > 0 (amplify hard keys' successes) and `failure_cost`
+f > 0 (an opt-in price on failures' length): in a group that has a success, a failure gets
+r_i = -f * lambda(c_k) * (1 + fail_hat_i) / 2 in (-f lambda, 0], fail_hat the same squashed z-score against the
+*failed* rollouts of the key, so a failure that loops or wanders costs more than one that ends short, and still
+ranks below every success. A group without a success gets no failure term.
 
 `cost_hat` is the cost z-scored against the *successful* rollouts of the same key in the batch and
-squashed into (-1, 1) (softsign of `cost_sharpness` * z; sharper = nearer a sign, so a success a little
-longer than its peers already pays most of lambda), so long tasks are not punished for being long and, with
-`lambda_max <= 1`, every success keeps a reward > 0 = a failure's. Amplifying only positive success
-advantages and clipping with a strictly increasing function keep the order of advantages inside a
-group, which is what the invariants in `tests/unit/test_rl_care.py` pin:
+squashed into (-1, 1) (softsign of `cost_sharpness` * z), so long tasks are not punished for being long and, with
+`lambda_max <= 1`, every success keeps a reward > 0 = a failure's. The invariants in `tests/unit/test_rl_care.py`:
 
 - in every group every success gets a strictly larger advantage than every failure;
 - a group of all failures (or any group of equal rewards) gets zeros;
 - vanilla advantages do not depend on `cost`;
 - below `c_lo` CARE equals CARE with every cost set to 0 (lambda is 0 there);
-- above `c_hi` with `lambda_max > 0`, among the successes of a group the cheaper gets more.
+- above `c_hi` with `lambda_max > 0`, among the successes of a group the cheaper gets more;
+- in an all-success group the advantages scale with lambda.
+
+Matched arms (DESIGN §6.3): which groups a step trains on does not depend on `rl.algo`: `group_has_signal` keeps a
+group whose rewards vary under CARE's reward (with the config's lambda schedule) *or* vanilla's, so both arms of
+an experiment train on the same groups and differ only in the reward and advantage rules.
 
 Vanilla (`cfg.algo == "vanilla"`) is plain group-relative RL: r = success, a = (r - mean)/(std + eps),
 no cost, no calibration, no clip (DESIGN §6: "lambda = 0 and no calibration").
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -60,9 +72,12 @@ def check_rl_config(cfg: Any) -> None:
         raise ValueError(f"config.rl.failure_cost={cfg.failure_cost} must be >= 0")
     if float(cfg.tool_call_cost) < 0:
         raise ValueError(f"config.rl.tool_call_cost={cfg.tool_call_cost} must be >= 0")
-    a = float(cfg.competence_ema)
-    if not (0.0 < a <= 1.0):
-        raise ValueError(f"config.rl.competence_ema={a} must be in (0, 1]")
+    if not float(cfg.competence_window) >= 1:
+        raise ValueError(f"config.rl.competence_window={cfg.competence_window} must be >= 1 (episodes)")
+    if not float(cfg.competence_prior) > 0:
+        raise ValueError(f"config.rl.competence_prior={cfg.competence_prior} must be > 0 (pseudo-episodes)")
+    if not 0.0 <= float(cfg.competence_init) <= 1.0:
+        raise ValueError(f"config.rl.competence_init={cfg.competence_init} must be in [0, 1]")
     neg = float(cfg.get("negative_scale", 1.0))
     if not (0.0 <= neg <= 1.0):
         raise ValueError(f"config.rl.negative_scale={neg} must be in [0, 1]")
@@ -149,10 +164,11 @@ def advantages(*, success, cost, group, key, competence, cfg: Any) -> np.ndarray
     for g in np.unique(group):
         sel = group == g
         rg = r[sel]
-        std = rg.std()
-        if std <= 1e-12 * max(1.0, float(np.abs(rg).max())):
+        if rg.std() <= 1e-12 * max(1.0, float(np.abs(rg).max())):
             continue  # no variance: no signal (zeros)
-        adv[sel] = (rg - rg.mean()) / (std + _EPS)
+        # the task outcome's std: vanilla's scale in mixed groups; none in all-success groups (module docstring)
+        s_std = success[sel].astype(np.float64).std()
+        adv[sel] = (rg - rg.mean()) / (s_std + _EPS if s_std > 0 else 1.0)
         if neg_scale < 1.0:
             adv[sel] = _damp_failures(adv[sel], success[sel], neg_scale)
     if care:
@@ -186,58 +202,24 @@ def zero_variance_groups(group: np.ndarray, adv: np.ndarray) -> int:
     return int(sum(1 for g in np.unique(group) if not np.any(np.asarray(adv)[group == g] != 0)))
 
 
-class CompetenceTable:
-    """Per-key EMA of verified success, plus a global EMA; JSON round trip for checkpoints.
+def group_has_signal(*, success, cost, competence, cfg: Any) -> bool:
+    """Whether one group (its rollouts' outcomes, costs and key competence) carries a gradient under CARE's reward
+    or vanilla's, whatever `cfg.algo` is: the matched-arms selection rule (module docstring). An all-success group
+    has one under CARE only where lambda(c_k) > 0 and its costs differ; an all-failure group never has one."""
+    success = np.asarray(success, bool)
+    if success.size < 2:
+        return False
+    if success.any() and not success.all():
+        return True  # vanilla's reward varies (and so does CARE's: every success outranks every failure)
+    care_cfg = _as_algo(cfg, "care")
+    r = rewards(success=success, cost=cost, key=np.zeros(success.size, np.int64), competence=competence, cfg=care_cfg)
+    return bool(r.std() > 1e-12 * max(1.0, float(np.abs(r).max())))
 
-    A step's rollouts of key k update c_k as n rollouts of an EMA with rate `alpha` would if they all
-    had the batch mean: c_k <- (1 - alpha)^n c_k + (1 - (1 - alpha)^n) mean_k (order-independent).
-    A key seen for the first time starts at the global value.
-    """
 
-    def __init__(self, alpha: float, initial: float = 0.0, values: Mapping[str, float] | None = None,
-                 global_value: float | None = None, counts: Mapping[str, int] | None = None):
-        if not 0.0 < float(alpha) <= 1.0:
-            raise ValueError(f"CompetenceTable: alpha must be in (0, 1], got {alpha}")
-        self.alpha = float(alpha)
-        self.initial = float(initial)
-        self.values: dict[str, float] = {str(k): float(v) for k, v in (values or {}).items()}
-        self.counts: dict[str, int] = {str(k): int(v) for k, v in (counts or {}).items()}
-        self.global_value = float(initial if global_value is None else global_value)
+def _as_algo(cfg: Any, algo: str) -> Any:
+    """`cfg` with `algo` set (a copy; ConfigDicts and plain mappings)."""
+    import copy
 
-    def get(self, key: str) -> float:
-        return self.values.get(str(key), self.global_value)
-
-    def lookup(self, keys: list[str]) -> np.ndarray:
-        return np.asarray([self.get(k) for k in keys], np.float64)
-
-    def _blend(self, old: float, mean: float, n: int) -> float:
-        keep = (1.0 - self.alpha) ** n
-        return keep * old + (1.0 - keep) * mean
-
-    def update(self, keys: list[str], success: np.ndarray) -> None:
-        """Fold one step's verified outcomes in (infra failures must be left out by the caller)."""
-        success = np.asarray(success, np.float64)
-        if len(keys) != success.shape[0]:
-            raise ValueError(f"CompetenceTable.update: {len(keys)} keys for {success.shape[0]} outcomes")
-        if not len(keys):
-            return
-        new_global = self._blend(self.global_value, float(success.mean()), len(keys))
-        for k in sorted(set(keys)):
-            sel = np.asarray([x == k for x in keys])
-            self.values[k] = self._blend(self.get(k), float(success[sel].mean()), int(sel.sum()))
-            self.counts[k] = self.counts.get(k, 0) + int(sel.sum())
-        self.global_value = new_global
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "initial": self.initial, "global": self.global_value,
-                "values": dict(sorted(self.values.items())), "counts": dict(sorted(self.counts.items()))}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "CompetenceTable":
-        return cls(d["alpha"], d.get("initial", 0.0), d.get("values", {}), d.get("global"), d.get("counts", {}))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CompetenceTable) and self.to_dict() == other.to_dict()
-
-    def mean(self) -> float:
-        return float(np.mean(list(self.values.values()))) if self.values else self.global_value
+    out = copy.deepcopy(cfg)
+    out.algo = algo
+    return out

@@ -1,10 +1,12 @@
 """The RL learner: train state on the learner mesh, the frozen reference, and `update(sequences)`.
 
-    learner = Learner(config, model_cfg, init_params, vocab_limit=v, total_updates=n)
-    learner.restore(checkpointer, step) / learner.state          # exact resume
-    metrics = learner.update(sequences, step)                    # rl.ppo_epochs x rl.minibatches updates
+    learner = Learner(config.rl, model_cfg, init_params, mesh=config.mesh, rules=rules, seed=config.seed,
+                      logprob_chunk=config.model.logprob_chunk, vocab_limit=v, total_updates=n)
+    learner.state                                                # restored by the trainer for an exact resume
+    report = learner.update(trajectories, advantages, step)      # rl.ppo_epochs x rl.minibatches updates
 
-`update` packs the step's sequences (rows sized to the longest episode, micro-batches under the token budget:
+`update` turns the rollouts into sequences (a rollout with advantage 0 adds no gradient and is left out unless
+a KL term pulls it towards the reference), packs them (rows sized to the longest episode, micro-batches under the token budget:
 `rl/update.py`), adds the reference log-probs when `rl.kl_coef` > 0, and runs the jitted, donated update per
 minibatch; the minibatch shuffle is a function of (seed, step, epoch). An update whose loss or gradient
 norm is not finite leaves the weights as they were (`train.step.apply_gradients`) and reports
@@ -12,6 +14,7 @@ norm is not finite leaves the weights as they were (`train.step.apply_gradients`
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Sequence
@@ -25,7 +28,7 @@ from mpa_jax import models, sharding
 from mpa_jax.rl import batch as rlbatch
 from mpa_jax.rl import update as rlupdate
 from mpa_jax.rl.loss import make_rl_loss, policy_logprobs
-from mpa_jax.rl.rollouts import RLSetupError
+from mpa_jax.rl.errors import RLSetupError
 from mpa_jax.train import optimizer as optlib
 from mpa_jax.train import state as statelib
 
@@ -75,12 +78,31 @@ def budgeted_micro_batches(seqs: Sequence[rlbatch.RLSequence], seq_len: int, tok
     return rlupdate.split_rows(packed, rows_per_micro), row_len, rpd
 
 
-class Learner:
-    """The learner role of the RL loop (see the module docstring)."""
+@dataclasses.dataclass
+class UpdateReport:
+    """What one step's `update` did: the per-optimizer-update metrics, the row layout and the sequences trained on."""
 
-    def __init__(self, config: Any, cfg: models.ModelConfig, init_params: Any, *, vocab_limit: int | None, total_updates: int) -> None:
-        rl = config.rl
-        self.config, self.cfg, self.seed = config, cfg, int(config.seed)
+    updates: list[dict[str, float]]
+    layout: dict[str, int]
+    sequences: int
+
+    @property
+    def nonfinite(self) -> int:
+        return sum(int(u.get("nonfinite", 0.0) > 0) for u in self.updates)
+
+    @property
+    def changed(self) -> bool:
+        """Whether the weights moved (some update was finite): the sampler needs a sync."""
+        return len(self.updates) > self.nonfinite
+
+
+class Learner:
+    """The learner role of the RL loop (see the module docstring). `rl`: the `config.rl` section; `mesh`: the
+    `config.mesh` section; `rules`: the sharding rules (`sharding.rules_from_config`)."""
+
+    def __init__(self, rl: Any, cfg: models.ModelConfig, init_params: Any, *, mesh: Any, rules: tuple, seed: int, logprob_chunk: int,
+                 vocab_limit: int | None, total_updates: int) -> None:
+        self.cfg, self.seed = cfg, int(seed)
         self.seq_len, self.budget = int(rl.seq_len), int(rl.tokens_per_micro_batch)
         try:
             rlupdate.check_budget(self.seq_len, self.budget)
@@ -88,15 +110,15 @@ class Learner:
             raise RLSetupError(str(e)) from None
         self.ppo_epochs, self.minibatches = int(rl.ppo_epochs), int(rl.minibatches)
         self.kl_coef = float(rl.kl_coef)
-        self.mesh = sharding.make_learner_mesh(config.mesh)
-        self.rules = sharding.rules_from_config(config)
+        self.mesh = sharding.make_learner_mesh(mesh)
+        self.rules = tuple(rules)
         self.row_shard = sharding.batch_sharding(self.mesh, self.rules, 2)
         self.replicated = NamedSharding(self.mesh, P())
         self.dp = math.prod(self.mesh.shape[a] for a in ("data", "fsdp") if a in self.mesh.shape)
         self.optimizer, _ = make_rl_optimizer(rl, total_updates)
         self.st_shardings = statelib.state_shardings(self.mesh, cfg.abstract_params(), sharding.param_shardings(cfg, self.mesh, self.rules),
                                                      self.optimizer)
-        chunk = int(config.model.logprob_chunk)
+        chunk = int(logprob_chunk)
         temperature = float(rl.temperature)
         self._update = compiled_update(cfg, (temperature, float(rl.clip_low), float(rl.clip_high), self.kl_coef, chunk, vocab_limit),
                                        optimizer_key(rl, total_updates), self.mesh, self.rules)
@@ -123,7 +145,19 @@ class Learner:
     def abstract_state(self) -> Any:
         return statelib.abstract_state(self.cfg.abstract_params(), self.optimizer, self.st_shardings)
 
-    def update(self, seqs: Sequence[rlbatch.RLSequence], step: int) -> tuple[list[dict[str, float]], dict[str, int]]:
+    def update(self, trajectories: Sequence[Any], advantages: Sequence[float], step: int) -> UpdateReport:
+        """One step's optimizer updates over `trajectories` with their `advantages` (module docstring)."""
+        seqs = []
+        for tr, a in zip(trajectories, advantages):
+            s, cut = rlbatch.sequence_from_trajectory(tr, float(a), self.seq_len)
+            if cut:  # run_rl checks rl.seq_len >= rollout.max_total_tokens: an episode this long is a bug upstream
+                raise ValueError(f"an episode of {len(tr.tokens)} tokens does not fit a row of config.rl.seq_len={self.seq_len}")
+            if s.loss_mask[1:].sum() > 0 and (a != 0 or self.kl_coef > 0):
+                seqs.append(s)
+        updates, layout = self.update_sequences(seqs, step)
+        return UpdateReport(updates, layout, len(seqs))
+
+    def update_sequences(self, seqs: Sequence[rlbatch.RLSequence], step: int) -> tuple[list[dict[str, float]], dict[str, int]]:
         """`ppo_epochs` x `minibatches` optimizer updates over `seqs`; (per-update metrics, layout)."""
         metrics: list[dict[str, float]] = []
         layout = {"row_len": 0, "rows_per_device": 0, "micro_batches": 0}

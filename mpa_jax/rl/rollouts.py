@@ -1,34 +1,10 @@
-"""RL rollouts: which tasks each step trains on (across env kinds), group rollouts through the episode runner,
-infra retries, and staleness. No jax: this is the actor side of the RL loop.
+"""One step's rollouts: `rl.group_size` episodes per drawn task through the `EpisodeRunner`, infra retries, and
+the `Rollouts` record (groups, staleness, JSON round trip). No jax.
 
-Tasks per kind (`config.envs.mixture` weights): the sandbox and the ADB device run the tasks of `rl.split`
-(filtered by `rl.templates`); the simulated env runs its own long-tail training tasks (`rl.simulated_tasks`
-of them, `envs.simulated.simulated_tasks`). Each step draws `rl.tasks_per_step` groups: a group's kind by
-weight (a function of (seed, step, group), so resume is exact), its task from that kind's `TaskCursor`
-(a seeded permutation per epoch; the positions are checkpointed). A group never mixes kinds: its
-`rl.group_size` rollouts are episodes of one task on one kind. Episodes that end as infra (a lost device,
-an invalid simulator reply after retries, an engine fault) are re-run with fresh seeds up to
-`rl.infra_retries` times, then dropped and counted per kind, never rewarded.
-
-Competence-aware selection (`rl.selection = "competence"`; CARE's spirit, DAPO's dynamic sampling): for the
-kinds that run the benchmark's tools, each group is a *fresh* instance (instance seeds from
-`FRESH_SEED_BASE`, disjoint from every split's; held-out templates never) of a template drawn with weight
-`rl.select_floor + 4 c (1 - c)`, c the template's competence (successes + 1) / (episodes + 2) over every
-rollout the run has drawn, plus any prior (`rl.select_prior`: trajectories such as the data stage's probe).
-Groups whose rollouts all succeed or all fail carry no signal: they are never trained on; more are drawn
-until the step has `rl.tasks_per_step` groups with reward variance or `rl.select_tries` x that many groups
-were drawn. Per step: groups drawn / kept, the zero-variance share, per-template competence.
-
-Fresh persona worlds (`rl.select_worlds = W > 0`): the instances are set in W persona worlds of no split
-(`envs.benchmark.FRESH_PERSONA_BASE` and up) instead of the train split's six. The starter has learned its six
-worlds' people and things: on fresh instances of train templates it succeeds 77.5% greedily in those worlds and
-55.0% in unseen ones, its dev figure (docs/experiments.md); the dev and test worlds stay unseen either way.
-
-A focus pool (`rl.select_pool = P > 0`) narrows the draw to P templates at a time so each is drawn tens of
-times (the regime where the learner demonstrably learns, issue 28) instead of once or twice across hundreds:
-members are chosen by the same weights, and one leaves the pool when its last `rl.select_pool_patience` groups
-were unanimous in success (mastered, or out of reach) or after `rl.select_pool_groups` groups; the next
-member is drawn from the templates that have not been in the pool in this pass.
+Episodes that end as infra (a lost device, an invalid simulator reply after retries, an engine fault) are re-run
+with fresh seeds up to `rl.infra_retries` times, then dropped and counted per kind, never rewarded. Every
+trajectory carries its task's competence key and cell in `provenance["competence_key"]` / `["competence_cell"]`
+(`rl/competence.py`), so the outcomes of groups left out still reach the competence table.
 """
 from __future__ import annotations
 
@@ -37,312 +13,10 @@ import json
 import time
 from typing import Any, Sequence
 
-import numpy as np
-
-KINDS = ("sandbox", "simulated", "adb")
-FRESH_SEED_BASE = 5_000_000  # instance seeds of selected RL tasks: above every split's (test < 2,000,000 + 100,000 x tasks.seed + 50,000)
-SPLIT_KINDS = ("sandbox", "adb")  # kinds that run the benchmark's tasks (the device executes the sandbox's tools)
-
-
-class RLSetupError(ValueError):
-    """The RL run cannot start: a config key, the init checkpoint or the task filter is wrong (named)."""
-
 
 def step_seed(seed: int, step: int, attempt: int = 0) -> int:
     """The sampling seed of a step's rollouts (attempt > 0: infra retries)."""
     return (int(seed) * 1_000_003 + int(step) * 7_919 + int(attempt) * 104_729) % (2**31 - 1)
-
-
-class TaskCursor:
-    """Tasks drawn in a seeded permutation per epoch; `position` (tasks drawn so far) is the state."""
-
-    def __init__(self, tasks: Sequence[Any], seed: int, position: int = 0):
-        self.tasks = list(tasks)
-        self.seed = int(seed)
-        self.position = int(position)
-
-    def _order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
-
-    def draw(self, n: int) -> list[Any]:
-        out = []
-        for _ in range(n):
-            epoch, i = divmod(self.position, len(self.tasks))
-            out.append(self.tasks[int(self._order(epoch)[i])])
-            self.position += 1
-        return out
-
-
-def split_tasks(config: Any) -> list[Any]:
-    """The tasks of `rl.split` (a split or a tasks JSONL), restricted to `rl.templates` when set."""
-    from mpa_jax.envs import load_tasks
-
-    tasks = list(load_tasks(str(config.rl.split), seed=int(config.tasks.seed), per_template=int(config.tasks.per_template)))
-    names = [t.strip() for t in str(config.rl.templates).split(",") if t.strip()]
-    if names:
-        known = {t.template for t in tasks}
-        missing = [n for n in names if n not in known]
-        if missing:
-            raise RLSetupError(f"config.rl.templates: no task of split {config.rl.split!r} has template(s) {missing}")
-        tasks = [t for t in tasks if t.template in set(names)]
-    if not tasks:
-        raise RLSetupError(f"config.rl.split={config.rl.split!r} has no tasks")
-    return tasks
-
-
-def _competence(s: int, n: int) -> float:
-    return (s + 1.0) / (n + 2.0)
-
-
-class Selector:
-    """Competence-aware choice of fresh train instances (module docstring); its counts are the run's state."""
-
-    def __init__(self, config: Any) -> None:
-        from mpa_jax.envs.benchmark import FRESH_PERSONA_BASE, templates_for
-
-        rl = config.rl
-        self.seed, self.floor = int(config.seed), float(rl.select_floor)
-        if int(config.tasks.seed) * 100_000 + 2_100_000 > FRESH_SEED_BASE:
-            raise RLSetupError(f"config.tasks.seed={config.tasks.seed}: the benchmark's seeds would reach the fresh RL seeds")
-        names = [t.strip() for t in str(rl.templates).split(",") if t.strip()]
-        self.templates = [t for t in templates_for("train") if not names or t.name in names]  # held-out templates never
-        if names and len(self.templates) != len(set(names)):
-            known = {t.name for t in self.templates}
-            raise RLSetupError(f"config.rl.templates: {sorted(set(names) - known)} are not train templates (held-out or unknown)")
-        self.counts: dict[str, list[int]] = {t.name: [0, 0] for t in self.templates}
-        self.drawn = 0  # fresh instances built so far: the next seed
-        for key, low in (("select_pool", 0), ("select_pool_patience", 1), ("select_pool_groups", 1), ("select_worlds", 0)):
-            if int(rl[key]) < low:
-                raise RLSetupError(f"config.rl.{key} must be >= {low}, got {rl[key]}")
-        self.pool_size, self.patience, self.pool_groups = int(rl.select_pool), int(rl.select_pool_patience), int(rl.select_pool_groups)
-        self.worlds = tuple(range(FRESH_PERSONA_BASE, FRESH_PERSONA_BASE + int(rl.select_worlds))) or None  # None: the split's
-        self.pool: dict[str, list[int]] = {}  # member -> [unanimous groups in a row, groups since it joined]
-        self.retired: list[str] = []  # members that left the pool in this pass over the templates
-
-    @property
-    def state(self) -> dict[str, Any]:
-        return {"counts": self.counts, "drawn": self.drawn, "pool": self.pool, "retired": self.retired}
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.counts = {k: [int(a), int(b)] for k, (a, b) in state["counts"].items()}
-        self.drawn = int(state["drawn"])
-        self.pool = {k: [int(a), int(b)] for k, (a, b) in state.get("pool", {}).items()}
-        self.retired = list(state.get("retired", []))
-
-    def observe(self, trajs: Sequence[Any]) -> None:
-        """Count verified episodes (infra ones are not the policy's) per template; with a focus pool, retire the
-        members whose groups stopped carrying signal (module docstring)."""
-        groups: dict[str, tuple[str, list[bool]]] = {}  # a group is one fresh instance: one task id
-        for t in trajs:
-            name = str(t.provenance.get("template", ""))
-            if name in self.counts and not t.infra_failure and t.verification is not None:
-                self.counts[name][0] += int(bool(t.verification.success))
-                self.counts[name][1] += 1
-                if name in self.pool:
-                    groups.setdefault(t.task_id, (name, []))[1].append(bool(t.verification.success))
-        for name, outcomes in groups.values():
-            member = self.pool.get(name)
-            if member is None:  # retired by an earlier group of this batch
-                continue
-            member[0] = member[0] + 1 if len(set(outcomes)) == 1 else 0
-            member[1] += 1
-            if member[0] >= self.patience or member[1] >= self.pool_groups:
-                del self.pool[name]
-                self.retired.append(name)
-
-    def _fill_pool(self) -> None:
-        """Top the pool up to `rl.select_pool` members, drawn by weight among the templates not yet pooled in
-        this pass (a new pass when every template has been); deterministic in the selector's state."""
-        rng = np.random.default_rng([self.seed, self.drawn, len(self.retired), 37])
-        while len(self.pool) < min(self.pool_size, len(self.templates)):
-            out = set(self.pool) | set(self.retired)
-            idx = [i for i, t in enumerate(self.templates) if t.name not in out]
-            if not idx:
-                self.retired = []
-                continue
-            w = np.asarray(self.weights(), np.float64)[idx]
-            self.pool[self.templates[idx[int(rng.choice(len(idx), p=w / w.sum()))]].name] = [0, 0]
-
-    def competence(self) -> dict[str, float]:
-        return {k: _competence(s, n) for k, (s, n) in self.counts.items()}
-
-    def weights(self) -> list[float]:
-        c = self.competence()
-        return [self.floor + 4.0 * c[t.name] * (1.0 - c[t.name]) for t in self.templates]
-
-    def draw(self, step: int, attempt: int, n: int) -> list[Any]:
-        """`n` fresh gated instances of templates drawn by weight (deterministic in (seed, step, attempt))."""
-        from mpa_jax.envs.benchmark import build_task
-        from mpa_jax.envs.gate import check_task
-        from mpa_jax.envs.sandbox import SandboxEnv
-
-        rng = np.random.default_rng([self.seed, int(step), int(attempt), 29])
-        w = np.asarray(self.weights(), np.float64)
-        if self.pool_size:
-            self._fill_pool()
-            w = np.where([t.name in self.pool for t in self.templates], w, 0.0)
-        env = SandboxEnv()
-        out: list[Any] = []
-        try:
-            while len(out) < n:
-                template = self.templates[int(rng.choice(len(self.templates), p=w / w.sum()))]
-                inst = FRESH_SEED_BASE + self.seed * 100_000 + self.drawn
-                self.drawn += 1
-                task = build_task(template, "train", inst, personas=self.worlds)
-                if task is None:
-                    continue
-                task = dataclasses.replace(task, id=f"train/rl/{template.name}/{inst}", metadata={**task.metadata, "source": "rl-select"})
-                if check_task(task, env) is None:  # the quality gate, as for every generated task
-                    out.append(task)
-        finally:
-            env.close()
-        return out
-
-
-def mixture_weights(config: Any) -> dict[str, float]:
-    """`config.envs.mixture` as {kind: weight > 0}; one clear error for an unknown kind, a negative or all-zero weight."""
-    mix = config.envs.mixture
-    weights = {}
-    for kind in mix.keys():
-        if kind not in KINDS:
-            raise RLSetupError(f"config.envs.mixture.{kind}: unknown env kind (kinds: {', '.join(KINDS)})")
-        w = float(mix[kind])
-        if w < 0:
-            raise RLSetupError(f"config.envs.mixture.{kind}: weight must be >= 0, got {w}")
-        if w > 0:
-            weights[kind] = w
-    if not weights:
-        raise RLSetupError("config.envs.mixture: every weight is 0")
-    if "adb" in weights and not str(config.envs.adb.device):
-        raise RLSetupError("config.envs.mixture.adb > 0 needs a device: config.envs.adb.device")
-    return weights
-
-
-class TaskSource:
-    """The step's groups: (kind, task) pairs drawn by the mixture weights (module docstring)."""
-
-    def __init__(self, config: Any, tasks: Sequence[Any] | None = None) -> None:
-        self.seed = int(config.seed)
-        self.weights = mixture_weights(config)
-        self.kinds = list(self.weights)
-        split = list(tasks) if tasks is not None else (split_tasks(config) if any(k in SPLIT_KINDS for k in self.kinds) else [])
-        by_kind: dict[str, list[Any]] = {}
-        for kind in self.kinds:
-            if kind == "simulated":
-                from mpa_jax.envs.simulated import simulated_tasks
-
-                by_kind[kind] = simulated_tasks(int(config.rl.simulated_tasks), seed=self.seed)
-            else:
-                by_kind[kind] = split
-        # the sandbox cursor keeps the seed of a sandbox-only run: a single-kind run draws as it always did
-        self.cursors = {k: TaskCursor(by_kind[k], self.seed if i == 0 else self.seed * 31 + i) for i, k in enumerate(self.kinds)}
-        self.tasks = [t for k in self.kinds for t in by_kind[k]]
-        mode = str(config.rl.selection)
-        if mode not in ("cursor", "competence"):
-            raise RLSetupError(f"config.rl.selection must be 'cursor' or 'competence', got {mode!r}")
-        self.selector = Selector(config) if mode == "competence" and any(k in SPLIT_KINDS for k in self.kinds) else None
-        self.tries = int(config.rl.select_tries)
-        if self.selector is not None:
-            if self.tries < 1:
-                raise RLSetupError(f"config.rl.select_tries must be >= 1, got {self.tries}")
-            prior = str(config.rl.select_prior)
-            if prior:
-                self.selector.observe(_read_trajectories(prior))
-
-    @property
-    def state(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: c.position for k, c in self.cursors.items()}
-        if self.selector is not None:
-            out["selector"] = self.selector.state
-        return out
-
-    def restore(self, state: Any) -> None:
-        """From a checkpoint's cursor state (an int from runs before the mixture: the first kind's position)."""
-        if isinstance(state, int):
-            state = {self.kinds[0]: state}
-        for k, pos in state.items():
-            if k == "selector" and self.selector is not None:
-                self.selector.restore(pos)
-            elif k in self.cursors:
-                self.cursors[k].position = int(pos)
-
-    def _kinds(self, step: int, n: int, salt: int = 0) -> list[str]:
-        if len(self.kinds) == 1:
-            return [self.kinds[0]] * n
-        p = np.asarray([self.weights[k] for k in self.kinds], np.float64)
-        idx = np.random.default_rng([self.seed, int(step), 17 + salt]).choice(len(self.kinds), size=n, p=p / p.sum())
-        return [self.kinds[int(i)] for i in idx]
-
-    def draw(self, step: int, n: int, attempt: int = 0) -> list[tuple[str, Any]]:
-        """`n` groups of step `step`: the kind of each by weight, the task from that kind's cursor (or, with
-        selection, a fresh instance for the kinds that run the benchmark's tools)."""
-        kinds = self._kinds(step, n, attempt)
-        fresh = iter(self.selector.draw(step, attempt, sum(k in SPLIT_KINDS for k in kinds))) if self.selector is not None else None
-        out = []
-        for k in kinds:
-            if fresh is not None and k in SPLIT_KINDS:
-                out.append((k, next(fresh)))
-            else:
-                out.append((k, self.cursors[k].draw(1)[0]))
-        return out
-
-    def collect(self, runner: Any, engine: Any, tokenizer: Any, config: Any, step: int) -> "Rollouts":
-        """The step's rollouts: `rl.tasks_per_step` groups; with selection, only groups with signal (module
-        docstring), drawing again until the batch is full or `rl.select_tries` x that many groups were drawn."""
-        n = int(config.rl.tasks_per_step)
-        if self.selector is None:
-            return group_rollouts(runner, engine, tokenizer, self.draw(step, n), config, step)
-        t0 = time.perf_counter()
-        kept: Rollouts | None = None
-        drawn = attempt = 0
-        while (kept is None or len(kept.draws) < n) and drawn < n * self.tries:
-            want = n - (len(kept.draws) if kept is not None else 0)
-            r = group_rollouts(runner, engine, tokenizer, self.draw(step, want, attempt), config, step, attempt * 10)
-            self.selector.observe(r.trajs)
-            drawn += want
-            attempt += 1
-            r = r.with_groups([g for g in range(len(r.draws)) if has_signal(r, g, config.rl)])
-            kept = r if kept is None else kept.extend(r)
-        assert kept is not None
-        kept.rollout_s = time.perf_counter() - t0
-        kept.drawn = drawn
-        return kept
-
-    @property
-    def template_names(self) -> list[str]:
-        """Every template a step can draw (the keys of CARE's per-key cost normalisation)."""
-        names = {t.template for t in self.tasks} | ({t.name for t in self.selector.templates} if self.selector is not None else set())
-        return sorted(names)
-
-    def competence(self) -> dict[str, float]:
-        """Per-template competence of the selection table ({} without selection)."""
-        return self.selector.competence() if self.selector is not None else {}
-
-
-def _read_trajectories(path: str) -> list[Any]:
-    """Trajectories of a JSONL file or of every JSONL file in a directory."""
-    import os
-
-    from mpa_jax.envs.contract import Trajectory, read_jsonl
-
-    if os.path.isdir(path):
-        return [t for f in sorted(os.listdir(path)) if f.endswith(".jsonl") for t in read_jsonl(os.path.join(path, f), Trajectory)]
-    if not os.path.isfile(path):
-        raise RLSetupError(f"config.rl.select_prior={path!r} is neither a trajectories JSONL nor a directory of them")
-    return read_jsonl(path, Trajectory)
-
-
-def has_signal(r: "Rollouts", group: int, rl: Any) -> bool:
-    """A group has reward variance: its successes and failures differ, or (CARE with a length term) its
-    successes differ in cost. A unanimous group gives every rollout the same reward: no gradient."""
-    idx = [i for i, g in enumerate(r.groups) if g == group]
-    success = [bool(r.trajs[i].verification is not None and r.trajs[i].verification.success) for i in idx]
-    if len(set(success)) > 1:
-        return True
-    if str(rl.algo) == "care" and float(rl.lambda_max) > 0 and all(success) and len(idx) > 1:
-        costs = {(r.trajs[i].costs.get("output_tokens", 0.0), r.trajs[i].costs.get("tool_calls", 0.0)) for i in idx}
-        return len(costs) > 1
-    return False
 
 
 @dataclasses.dataclass
@@ -411,14 +85,14 @@ class Rollouts:
                    [Trajectory.from_dict(t) for t in d.get("unused", [])])
 
 
-def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tuple[str, Any]], config: Any, step: int,
-                   attempt0: int = 0) -> Rollouts:
-    """`rl.group_size` rollouts of each drawn (kind, task) through `runner`, sampling with
-    `SamplingParams.for_ratios` semantics (top_p=1, top_k=-1) at `rl.temperature`; infra episodes re-run up
-    to `rl.infra_retries` times with fresh seeds, then dropped and counted per kind."""
+def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tuple[str, Any]], *, rl: Any, rollout: Any,
+                   seed: int, step: int, attempt0: int = 0) -> Rollouts:
+    """`rl.group_size` rollouts of each drawn (kind, task) through `runner` (episode limits from the `rollout`
+    section), sampling with `SamplingParams.for_ratios` semantics (top_p=1, top_k=-1) at `rl.temperature`; infra
+    episodes re-run up to `rl.infra_retries` times with fresh seeds, then dropped and counted per kind."""
+    from mpa_jax.rl.competence import keys_of_task
     from mpa_jax.rollout.runner import EpisodeConfig
 
-    rl = config.rl
     t0 = time.perf_counter()
     g = int(rl.group_size)
     pending = [gi for gi in range(len(draws)) for _ in range(g)]
@@ -427,7 +101,7 @@ def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tup
         if not pending:
             break
         # rounds: every batch on an idle engine, bitwise reproducible, so a resumed run samples what the first did
-        cfg = EpisodeConfig.from_config(config.rollout, seed=step_seed(config.seed, step, attempt0 + attempt), temperature=float(rl.temperature),
+        cfg = EpisodeConfig.from_config(rollout, seed=step_seed(seed, step, attempt0 + attempt), temperature=float(rl.temperature),
                                         top_p=1.0, top_k=-1, planner=f"rl-{rl.algo}", schedule="rounds")
         trajs = runner.run(engine, tokenizer, [draws[gi][1] for gi in pending], cfg, kinds=[draws[gi][0] for gi in pending])
         retry = []
@@ -437,6 +111,7 @@ def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tup
             else:
                 tr.provenance["sampling"] = {"temperature": float(rl.temperature), "top_p": 1.0, "top_k": -1,
                                              "seed": cfg.seed, "for_ratios": True}
+                tr.provenance["competence_key"], tr.provenance["competence_cell"] = keys_of_task(draws[gi][1])
                 done.append((gi, tr))
         pending = retry
     dropped: dict[str, int] = {}

@@ -259,13 +259,13 @@ class Engine:
 
     def stats(self) -> dict[str, float]:
         """Slot-loop counters: requests admitted / fallen back to the whole-batch program / stopped,
-        prefill and chunk calls, seconds by phase, and decode-slot utilisation (`SlotLoop.utilisation`)."""
+        prefill and chunk calls, weight updates waiting at a chunk boundary (`pausers`), seconds by phase, and decode-slot utilisation (`SlotLoop.utilisation`)."""
         loop = self._loop
         if loop is None:
             return {}
         out = {"admitted": float(loop.admitted), "finished": float(loop.finished), "fallback_rows": float(loop.fallback_rows),
                "cancelled_rows": float(loop.cancelled_rows), "prefills": float(loop.dec.prefills), "chunks": float(loop.dec.steps),
-               "loop_thread": float(loop.thread_alive),
+               "loop_thread": float(loop.thread_alive), "pausers": float(loop.pausers),
                **{f"{k}_s": v for k, v in loop.seconds.items()}}
         out.update(loop.utilisation())
         return out

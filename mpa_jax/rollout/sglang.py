@@ -209,6 +209,7 @@ class SGLangEngine:
         vocab_limit: int | None = None,
         max_staleness: int = 0,
         discover_timeout_s: float = 60.0,
+        api_key: str = "",
     ) -> None:
         """`base_url`: a router or a single server (`router=None` asks the URL whether it is a router);
         `workers`: the worker URLs (synced always; balanced by this client when there is no router).
@@ -217,7 +218,8 @@ class SGLangEngine:
         `vocab_limit` (the tokenizer's size): a response carrying an id at or above it is an error naming
         the id, never a token passed on to decoding. `max_staleness`: how many versions behind the
         engine's a result may be (0: exactly the engine's version). `discover_timeout_s`: how long to
-        wait for a freshly started router to list its workers.
+        wait for a freshly started router to list its workers. `api_key`: sent as `Authorization: Bearer`
+        on every request (servers started with `--api-key`: SGLang, `mpa serve`).
         """
         base = (base_url or "").strip()
         urls = [str(u).strip().rstrip("/") for u in workers if str(u).strip()]
@@ -251,6 +253,7 @@ class SGLangEngine:
         self.vocab_limit = vocab_limit
         self.max_staleness = max_staleness
         self.discover_timeout_s = discover_timeout_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.device_s = 0.0  # wall time spent waiting on the servers, for rollout cost accounting
         self.failed_rows = 0  # prompts that failed (request, answer or weight version): aborts, or a raised call
         self.events: list[str] = []  # fleet changes (workers taken out / brought back), oldest first
@@ -313,7 +316,7 @@ class SGLangEngine:
 
     def _client(self) -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-        return httpx.AsyncClient(timeout=self.timeout_s, limits=limits)
+        return httpx.AsyncClient(timeout=self.timeout_s, limits=limits, headers=self._headers)
 
     @staticmethod
     def _run(coro: Any) -> Any:
@@ -745,6 +748,8 @@ def engine_from_config(
             export_root=export_root,
             weight_version=weight_version,
             vocab_limit=vocab_limit,
+            # the servers' key (`mpa serve --api-key`'s too): $MPA_API_KEY, else config.serve.api_key
+            api_key=os.environ.get("MPA_API_KEY") or (str(config.serve.api_key) if "serve" in config else ""),
         )
     except ValueError as e:
         raise ValueError(f"config.rollout (sglang_url={url!r}, sglang_workers={workers!r}): {e}") from None

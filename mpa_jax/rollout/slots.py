@@ -606,6 +606,11 @@ class SlotLoop:
         return thread is not None and thread.is_alive()
 
     @property
+    def pausers(self) -> int:
+        """Callers of `paused()` (weight updates) waiting for, or holding, a chunk boundary."""
+        return self._pausers
+
+    @property
     def running(self) -> int:
         """Requests in slots now."""
         return sum(r is not None for r in self._slot)

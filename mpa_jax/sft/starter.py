@@ -19,34 +19,10 @@ import shutil
 import time
 from typing import Any, Mapping
 
-# The config sections that decide the starter's weights (others - serve, rl, rollout - do not).
-RECIPE_SECTIONS = ("model", "tokenizer", "tasks", "oracle", "sft", "context")
-RECIPE_TOP = ("seed",)
-# Recipe keys that only move files around or change logging, not the weights.
-NOT_RECIPE = {"sft.data", "sft.export", "sft.export_dtype", "sft.log_every", "sft.peak_flops", "tokenizer.path",
-              "model.init_from", "sft.eval_every", "sft.eval_batches"}
+from mpa_jax.card import recipe_hash, recipe_values
+
 DATASHEET = "datasheet.json"
 DEFAULT_DIR = "starter"
-
-
-def recipe_values(config: Any) -> dict[str, Any]:
-    """The flattened recipe: `section.key` -> value for RECIPE_SECTIONS (tuples as lists, JSON-ready)."""
-    out: dict[str, Any] = {k: config.get(k) for k in RECIPE_TOP}
-    for section in RECIPE_SECTIONS:
-        sec = config.get(section, None)
-        if sec is None:
-            continue
-        for key, value in sec.to_dict().items():
-            name = f"{section}.{key}"
-            if name not in NOT_RECIPE:
-                out[name] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
-def recipe_hash(values: Mapping[str, Any]) -> str:
-    """sha256 (16 hex) of the recipe values in canonical JSON."""
-    blob = json.dumps(dict(values), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def check_datasheet(sheet: Mapping[str, Any], config: Any) -> list[str]:
@@ -210,26 +186,17 @@ def load_starter(path: str) -> Starter:
 
 
 def with_starter(config: Any, starter: Starter) -> Any:
-    """A copy of `config` pointed at the starter: its model shape, its tokenizer, its context format; training
-    starts from its weights and packs and computes like its recipe."""
-    from mpa_jax import models
+    """A copy of `config` pointed at the starter: its model shape, its tokenizer, its context format
+    (`mpa_jax.start.config_for_start`, the fitting every `--checkpoint` gets); training starts from its
+    weights and packs and computes like its recipe."""
+    from mpa_jax.start import config_for_start, resolve_start
 
-    config = config.copy_and_resolve_references()
-    cfg = models.ModelConfig.from_hf(starter.hf_config)
-    for key, value in cfg.to_hf().items():
-        if key in config.model and not isinstance(value, (dict, list)):
-            config.model[key] = value
-    config.model.init_from = os.path.abspath(starter.path)
-    config.tokenizer.path = os.path.abspath(starter.path)
-    ctx = starter.datasheet.get("context", {})
-    config.context.format = ctx.get("format", "json")
-    config.context.reasoning = ctx.get("reasoning", "full")
+    config = config_for_start(config, resolve_start(starter.path), log=lambda _line: None)
     recipe = starter.datasheet.get("recipe", {})
     for key in ("sft.seq_len", "model.compute_dtype"):  # the refresh packs and computes like the starter's recipe
         if key in recipe:
             section, name = key.split(".")
             config[section][name] = recipe[key]
-    config.rollout.max_total_tokens = min(int(config.rollout.max_total_tokens), int(cfg.max_position_embeddings))
     return config
 
 

@@ -447,6 +447,12 @@ def _compiled_fns(cfg: models.ModelConfig, chunk: int, opt_key: tuple, micro: in
     return step_fn, steplib.make_eval_step(loss_fn, p_shardings, batch_sh)
 
 
+def compiled_steps(cfg: models.ModelConfig, sft: Any, chunk: int, mesh: Any, rules: tuple, micro: int = 1) -> tuple[Callable, Callable]:
+    """The (cached) jitted train and eval steps `run_sft` uses for this model, `config.sft` section and mesh
+    (for callers that lower or inspect the step: the memory plan's and the HLO sharding tests)."""
+    return _compiled_fns(cfg, chunk, _opt_key(sft), micro, mesh, rules)
+
+
 def _spec_axes(shard: NamedSharding) -> tuple[str, ...]:
     first = shard.spec[0] if len(shard.spec) else None
     if first is None:

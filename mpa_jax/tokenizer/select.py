@@ -8,6 +8,9 @@ tokenizer: the embedding rows mean that vocabulary's ids and nothing else. So th
    a checkpoint without one is an error, never a silently built BPE;
 3. only for from-scratch models: the project BPE, built once into `<workdir>/tokenizer`.
 
+A new project BPE for a pretrained checkpoint is built only when asked for by name:
+`config.tokenizer.path = "project-bpe"` (its size must still fit the checkpoint's embedding).
+
 Whatever is chosen is then checked against the model's embedding (`check_tokenizer_fits`): every id
 below the model's vocabulary size and the chat-format special tokens present. No jax here.
 """
@@ -22,6 +25,8 @@ from mpa_jax.tokenizer.core import IM_END, IM_START, Tokenizer, TokenizerError, 
 
 # The tokens the project's chat format and tool-call parsing cannot do without.
 REQUIRED_TOKENS = (IM_START, IM_END, "<tool_call>", "</tool_call>")
+# `config.tokenizer.path` naming the project BPE explicitly (built into <workdir>/tokenizer even with init_from).
+PROJECT_BPE = "project-bpe"
 
 
 def _get(section: Any, key: str, default: Any = "") -> Any:
@@ -46,6 +51,8 @@ def model_vocab_size(config: Any) -> int | None:
     src = init_from(config)
     if not src:
         return int(config.model.vocab_size)
+    if not os.path.isdir(src):
+        raise TokenizerError(f"no checkpoint at {src} (config.model.init_from)")
     path = os.path.join(src, "config.json")
     if not os.path.isfile(path):
         raise TokenizerError(f"config.model.init_from={src} has no config.json")
@@ -62,10 +69,14 @@ def tokenizer_dir_for_config(config: Any, workdir: str | None) -> str | None:
     built yet. Raises TokenizerError when init_from is set but carries no tokenizer and no
     `tokenizer.path` is given."""
     path = str(_get(config.get("tokenizer", None), "path", "") or "")
+    if path == PROJECT_BPE:
+        return os.path.join(workdir, "tokenizer") if workdir and is_tokenizer_dir(os.path.join(workdir, "tokenizer")) else None
     if path:
         return os.path.expanduser(path)
     src = init_from(config)
     if src:
+        if not os.path.isdir(src):
+            raise TokenizerError(f"no checkpoint at {src} (config.model.init_from)")
         if not is_tokenizer_dir(src):
             raise TokenizerError(
                 f"config.model.init_from={src} has no tokenizer.json: set config.tokenizer.path to the"
@@ -96,7 +107,8 @@ def tokenizer_for_config(config: Any, workdir: str) -> Tokenizer:
     from mpa_jax.tokenizer.corpus import project_tokenizer
 
     src = init_from(config)
-    path = tokenizer_dir_for_config(config, None)
+    named_bpe = str(_get(config.get("tokenizer", None), "path", "") or "") == PROJECT_BPE
+    path = None if named_bpe else tokenizer_dir_for_config(config, None)
     tok = load_tokenizer(path) if path else project_tokenizer(config, workdir)
     vocab = model_vocab_size(config)
     if vocab is not None:
@@ -104,4 +116,4 @@ def tokenizer_for_config(config: Any, workdir: str) -> Tokenizer:
     return tok
 
 
-__all__ = ["REQUIRED_TOKENS", "check_tokenizer_fits", "init_from", "model_vocab_size", "tokenizer_dir_for_config", "tokenizer_for_config"]
+__all__ = ["PROJECT_BPE", "REQUIRED_TOKENS", "check_tokenizer_fits", "init_from", "model_vocab_size", "tokenizer_dir_for_config", "tokenizer_for_config"]

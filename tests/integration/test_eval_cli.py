@@ -1,4 +1,5 @@
-"""`mpa eval`: eval.json with pass@1 / pass^k over k sampled runs and the cost figures; bad input exits 2."""
+"""`mpa eval`: eval.json with pass@1, pass@k and pass^k over k sampled runs (the one sampled mode) and the cost
+figures; bad input exits 2."""
 import json
 import os
 import subprocess
@@ -30,24 +31,25 @@ def test_eval_writes_metrics_for_k_runs(tmp_path, cache):
     assert rep["k"] == 2 and rep["tasks"] == 2 and rep["split"] == "test" and not rep["greedy"]
     assert sorted(rep["harness"]) == sorted(modes)
     assert "harness_delta_success" in rep and "harness on - off" in res.stdout
-    on = [json.loads(line) for line in open(tmp_path / "run" / "eval" / "untrained" / "on" / "run0.jsonl")]
+    on = [json.loads(line) for line in open(tmp_path / "run" / "eval" / "untrained" / "on" / "sampled.jsonl")]
     assert all(t["provenance"]["harness_version"] not in ("", "none") for t in on)
     m = rep["harness"]["off"]
     o = m["overall"]
     assert o["runs"] + m["infra_failures"] == 4
-    for key in ("success", "partial_score", "pass@1", "pass^2", "mean_output_tokens", "mean_tool_calls", "cost_per_1k_tasks_output_only"):
+    assert len(on) == 4 and rep["ks"] == [1, 2] and rep["temperature"] > 0  # each task twice, sampled
+    for key in ("success", "partial_score", "pass@1", "pass@2", "pass^2", "mean_output_tokens", "mean_tool_calls", "cost_per_1k_tasks_output_only"):
         assert key in o
-    assert o["pass^2"] <= o["pass@1"] and o["mean_output_tokens"] > 0
+    assert o["pass^2"] <= o["pass@1"] <= o["pass@2"] and o["mean_output_tokens"] > 0
     c = o["cost_per_1k_tasks"]
     assert set(c) == {"input_tokens", "output_tokens", "tool_calls", "device_seconds", "total"}
     assert c["input_tokens"] > 0 and c["output_tokens"] > 0 and c["total"] > o["cost_per_1k_tasks_output_only"]
     assert set(m["by_category"]) <= {"Tool Use", "Memory", "Skills", "Sub-agent"} and m["by_domain"]
-    assert "output tokens only" in res.stdout and "pass^2" in res.stdout
+    assert "output tokens only" in res.stdout and "pass^2" in res.stdout and "pass@2" in res.stdout
 
 
 def test_eval_bad_input_exits_2(tmp_path, cache):
     res = _mpa(tmp_path, cache, "--checkpoint", str(tmp_path / "nope"))
-    assert res.returncode == 2 and "no such directory" in res.stderr and res.stderr.count("\n") == 1
+    assert res.returncode == 2 and f"no checkpoint at {tmp_path / 'nope'}" in res.stderr and res.stderr.count("\n") == 1
     res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--harness", "sometimes")
     assert res.returncode == 2 and "--harness must be one of" in res.stderr
     res = _mpa(tmp_path, cache, "--checkpoint", "untrained", "--samples", "2", "--pass-k", "3")

@@ -54,12 +54,13 @@ def _mpa(tmp_path, *args):
 
 def test_mine_review_release_and_load(tmp_path, traces):
     root = str(tmp_path / "harness")
-    out = _mpa(tmp_path, "mine", "--traces", traces, "--root", root, "--json")
+    out = _mpa(tmp_path, "mine", "--traces", traces, "--root", root, "--json", "--config.harness.review.policy=manual")
     assert out.returncode == 0, out.stderr
     mined = json.loads(out.stdout)
     assert mined["version"] is None and len(mined["new"]) == mined["proposals"] >= 4
     assert not os.path.exists(os.path.join(root, "versions"))  # nothing changes without approval
-    again = json.loads(_mpa(tmp_path, "mine", "--traces", traces, "--root", root, "--json").stdout)
+    again = json.loads(_mpa(tmp_path, "mine", "--traces", traces, "--root", root, "--json",
+                            "--config.harness.review.policy=manual").stdout)
     assert again["new"] == []  # mining the same traces twice proposes nothing new
 
     listing = json.loads(_mpa(tmp_path, "review", "--root", root, "--json").stdout)["proposals"]

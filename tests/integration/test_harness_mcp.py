@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from mpa_jax.config import load_config_file
 from mpa_jax.envs import Action, ErrorCode, load_tasks
 from mpa_jax.harness import HarnessConfig, HarnessSession
 from mpa_jax.harness.mcp import MCPServerTools, MCPStartError
@@ -169,8 +170,6 @@ def test_server_stderr_goes_to_the_log_not_the_terminal(tmp_path):
 
 
 def test_mcp_entries_stay_a_list(tmp_path):
-    import ml_collections
-
     from mpa_jax.harness.config import HarnessConfigError
 
     odd = tmp_path / "with;semi colon"
@@ -188,7 +187,8 @@ def test_mcp_entries_stay_a_list(tmp_path):
     out = _cli("tools", f"--config.harness.mcp={entries}", "--json", workdir=tmp_path)
     assert out.returncode == 0, out.stderr
     assert [r["name"] for r in json.loads(out.stdout) if r["source"] == "mcp:calc"] == ["echo"]
-    c = ml_collections.ConfigDict({"harness": {"mcp": ["python a.py ; rm -rf /"]}})
+    c = load_config_file(os.path.join(REPO, "configs", "tiny.py"))
+    c.harness.mcp = ["python a.py ; rm -rf /"]
     assert HarnessConfig.from_config(c).mcp_servers[0].command == ["python", "a.py", ";", "rm", "-rf", "/"]
     with pytest.raises(HarnessConfigError, match="unknown entry key 'prefx'"):
         HarnessConfig(mcp=[{"command": ["x"], "prefx": "a_"}])

@@ -108,7 +108,7 @@ def test_skills_are_versioned_files_retrieved_by_relevance_and_macros_run(tmp_pa
     assert [s.name for s in lib.retrieve("Convert 70 kg to pounds", 1)] == ["unit_conversion_fallback"]
     assert lib.retrieve("zzz qqq", 2) == []
     # The macro runs through the runtime: search the contact, then text the id it found.
-    session = HarnessSession(HarnessConfig(enabled=True))
+    session = HarnessSession(HarnessConfig(enabled=True, skills=True))
     env = session.env_factory()
     obs = env.reset(_contact_task())
     assert "send_to_contact" in obs["messages"][0]["content"] and "run_skill" in env.offered
@@ -196,14 +196,24 @@ def test_agent_loop_with_harness_enabled_records_version_and_succeeds(tok, dev, 
 
 
 def test_bad_harness_config_names_the_key():
-    import ml_collections
+    import os
 
-    c = ml_collections.ConfigDict({"harness": {"enabled": True, "tools": "everything"}})
+    from mpa_jax.config import load_config_file
+
+    tiny = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "tiny.py")
+    c = load_config_file(tiny)
+    c.harness.tools = "everything"
     with pytest.raises(HarnessConfigError, match="config.harness.tools"):
         HarnessConfig.from_config(c)
-    c = ml_collections.ConfigDict({"harness": {"enabled": True, "nope": 1}})
+    c = load_config_file(tiny)
+    c.harness.nope = 1
     with pytest.raises(HarnessConfigError, match="harness.nope"):
         HarnessConfig.from_config(c)
+    c = load_config_file(tiny)
+    del c.harness["top_k"]  # configs/ is the one source of defaults: a missing key is an error, not a default
+    with pytest.raises(HarnessConfigError, match="config.harness.top_k is missing"):
+        HarnessConfig.from_config(c)
+    assert HarnessConfig.from_config(load_config_file(tiny)).skills is False
 
 
 def test_sub_agents_in_the_token_loop_through_the_runner(tok, dev, tmp_path):
@@ -279,7 +289,11 @@ def test_cli_eval_and_retrieval_preview(tmp_path):
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)["results"]
     assert set(res) == {"off", "on (task tools)", "on (catalog)", "on (catalog+memory)"}
-    assert all(r["success"] == r["n"] == 20 for r in res.values())
+    assert all(r["success"] == r["n"] == 20 and r["infra"] == 0 for r in res.values())
+    # the one evaluation path: each setting's eval.json from the Evaluator, the oracle's episodes beside it
+    rep = json.loads((tmp_path / "harness-eval" / "oracle-dev-20" / "catalog" / "eval.json").read_text())
+    assert rep["harness"]["on"]["overall"]["success"] == 1.0 and rep["split"] == "dev" and rep["weight_version"] == "oracle"
+    assert rep["harness"]["on"]["harness_version"] == "0.1.0"
     out = subprocess.run([sys.executable, "-m", "mpa_jax.cli", "harness", "tools", "--query", "convert 70 kg to pounds",
                           "--k", "4", "--json", "--workdir", str(tmp_path)], capture_output=True, text=True, cwd=repo)
     names = json.loads(out.stdout)

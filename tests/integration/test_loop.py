@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from mpa_jax.loop import STATE_FILE
 
@@ -21,33 +20,33 @@ def _env(cache):
     return env
 
 
+# `mpa loop` whose LoopState.record SIGKILLs the process once "eval/untrained" is saved.
+_KILL_AFTER_UNTRAINED_EVAL = """
+import os, signal, sys
+from mpa_jax import cli, loop
+record = loop.LoopState.record
+def record_then_die(self, name, result, skipped=None):
+    record(self, name, result, skipped)
+    if name == "eval/untrained":
+        os.kill(os.getpid(), signal.SIGKILL)
+loop.LoopState.record = record_then_die
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
 def test_two_round_loop_killed_and_resumed(tmp_path, tmp_path_factory):
     workdir = tmp_path / "run"
     cmd = [sys.executable, "-m", "mpa_jax.cli", "loop", "--config", os.path.join(ROOT, "configs", "micro.py"), "--workdir", str(workdir)]
     env = _env(tmp_path_factory.getbasetemp() / "mpa-jax-compile-cache")  # shared with test_eval_cli
     state = workdir / STATE_FILE
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    t0 = time.time()
-    killed = False
-    while time.time() - t0 < 1200:
-        if proc.poll() is not None:
-            break
-        if state.exists():
-            try:
-                done = json.loads(state.read_text())["done"]
-            except ValueError:
-                done = {}
-            if "eval/untrained" in done:
-                proc.send_signal(signal.SIGKILL)
-                killed = True
-                break
-        time.sleep(0.2)
-    if not killed and proc.poll() is None:
-        proc.kill()
-    out1 = proc.communicate(timeout=120)[0]
-    assert killed, "the first run ended before it could be killed:\n" + out1[-3000:]
+    # The first run kills itself (SIGKILL) right after the untrained evaluation's stage is recorded: the
+    # kill lands exactly at that stage boundary, with no polling (the driver wraps LoopState.record).
+    first_cmd = [sys.executable, "-c", _KILL_AFTER_UNTRAINED_EVAL, *cmd[3:]]
+    proc = subprocess.run(first_cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+    out1 = proc.stdout
+    assert proc.returncode == -signal.SIGKILL, f"the first run was not killed (rc {proc.returncode}):\n" + out1[-3000:]
     first = json.loads(state.read_text())
-    assert "eval/untrained" in first["done"] and "export" not in first["done"]
+    assert first["order"][-1] == "eval/untrained" and "export" not in first["done"]
     untrained_run = workdir / "eval" / "untrained" / "off" / "run0.jsonl"
     mtime = untrained_run.stat().st_mtime_ns
 

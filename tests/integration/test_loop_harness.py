@@ -1,5 +1,5 @@
 """The loop's harness stage: failures of the round's training side (its data, its RL rollouts) are mined
-into proposals, reviewed by `loop.harness_review` and released as a harness version (auto), or queued with
+into proposals, reviewed by `harness.review.policy` and released as a harness version (auto), or queued with
 the reason recorded (manual); the held-out eval's failures are clustered for the report and never mined. Uses the harness evolution of issue 14 on real sandbox episodes: a planner
 that says relation "coworker" (refused: the enum says colleague) and then fixes it."""
 import json
@@ -33,7 +33,7 @@ def _episodes():
 @pytest.mark.parametrize("review", ["auto", "manual"])
 def test_harness_stage_releases_a_reviewed_version(tmp_path, review):
     cfg = load_config_file(os.path.join(ROOT, "configs", "micro.py"))
-    cfg.loop.harness_review = review
+    cfg.harness.review.policy = review
     loop = Loop(cfg, str(tmp_path), progress=False)
     run_dir = tmp_path / "eval" / "r1" / "off"
     run_dir.mkdir(parents=True)
@@ -67,7 +67,7 @@ def test_release_gate_withdraws_a_version_that_lowers_success(tmp_path, monkeypa
     from mpa_jax.harness import evolution
 
     cfg = load_config_file(os.path.join(ROOT, "configs", "micro.py"))
-    cfg.loop.harness_review = "auto"
+    cfg.harness.review.policy = "auto"
     loop = Loop(cfg, str(tmp_path), progress=False)
     monkeypatch.setattr(loop, "release_gate", lambda *a, **k: {"tasks": 4, "candidate": 0.25, "baseline": 0.5, "baseline_harness": "none"})
     rollouts = tmp_path / "r1" / "rl" / "rollouts"

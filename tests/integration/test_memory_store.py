@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -99,33 +98,37 @@ def test_context_respects_the_budget_and_carries_standing_instructions(store):
 
 _WRITER = r"""
 import sys
-from mpa_jax.harness.memory import MemoryStore
+from mpa_jax.harness.memory import MemoryStore, store as store_module
 s = MemoryStore(sys.argv[1])
-b = 0
-while True:
+extract, seen = store_module.extract_facts, [0]
+def extract_then_stop(content):
+    # runs inside ingest_many's transaction, once per user turn: in batch 6, turn 250 says so and blocks,
+    # so the parent's SIGKILL lands mid-transaction by construction (no timing)
+    seen[0] += 1
+    if seen[0] == 5 * 500 + 250:
+        print("mid", flush=True)
+        sys.stdin.read()
+    return extract(content)
+store_module.extract_facts = extract_then_stop
+for b in range(6):
     s.ingest_many([(str(b), "2026-03-01T09:00", "user", f"batch {b} turn {i} about the ferry") for i in range(500)])
-    b += 1
-    print(b, flush=True)
+    print(b + 1, flush=True)
 """
 
 
 def test_wal_crash_safety_kill_writer_mid_way(tmp_path):
     """A writer killed with SIGKILL mid-transaction leaves the store at its last committed batch."""
     path = str(tmp_path / "crash.sqlite")
-    p = subprocess.Popen([sys.executable, "-c", _WRITER, path], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", _WRITER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        committed = 0
-        deadline = time.time() + 60
-        while committed < 5 and time.time() < deadline:
-            committed = int(p.stdout.readline())
-        time.sleep(0.05)  # let it get into the next transaction
+        lines = [p.stdout.readline().strip() for _ in range(6)]
     finally:
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
-    assert committed >= 5
+    assert lines == ["1", "2", "3", "4", "5", "mid"], lines
     s = MemoryStore(path)
     n = s.count()
-    assert n % 500 == 0 and n >= committed * 500  # whole batches only, nothing committed is lost
+    assert n == 5 * 500  # the five committed batches, none of the sixth's 250 inserted rows
     assert s.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     s.conn.execute("INSERT INTO turns_fts(turns_fts) VALUES ('integrity-check')")  # FTS index matches the rows
     fts = s.conn.execute("SELECT count(*) FROM turns_fts WHERE turns_fts MATCH 'ferry'").fetchone()[0]

@@ -5,16 +5,18 @@ The pool's properties are checked by counted events, never by elapsed seconds: a
 in flight, and gates it holds until the test opens them show which calls overlapped or were left behind."""
 from __future__ import annotations
 
+import collections
 import threading
 import time
+from typing import Any, Callable, Sequence
 
 import pytest
 
 from mpa_jax.config import load_config_file
-from mpa_jax.envs import Action, ErrorCode, Feedback, SandboxEnv, load_tasks, make_env
+from mpa_jax.envs import Action, ErrorCode, Feedback, SandboxEnv, Task, Verification, load_tasks, make_env
 from mpa_jax.envs.adb.emulator import EmulatedDevice
 from mpa_jax.envs.adb.server import AdbServer
-from mpa_jax.envs.mixture import MixtureSampler, gold_policy, run_round_robin
+from mpa_jax.envs.mixture import MixtureSampler
 from mpa_jax.envs.pool import EnvPool, KindLimits, limits_from_config
 from mpa_jax.envs.simulated import run_gold, simulated_tasks
 
@@ -158,7 +160,7 @@ def test_env_exceptions_become_infra():
         def step(self, action):
             raise RuntimeError("boom")
 
-    with EnvPool() as pool:
+    with EnvPool({"sandbox": KindLimits(1, 30.0)}) as pool:
         fb = pool.step_all([(Broken(), Action.finish())])[0]
     assert fb.error_code == ErrorCode.INFRA and "boom" in fb.message
 
@@ -166,7 +168,12 @@ def test_env_exceptions_become_infra():
 def test_config_envs_section_reaches_make_env_and_the_pool():
     c = load_config_file("configs/tiny.py")
     lim = limits_from_config(c)
-    assert lim["adb"] == KindLimits(1, 60.0) and lim["sandbox"].concurrency == 0 and "mixture" not in lim
+    assert lim["adb"] == KindLimits(1, 60.0) and lim["sandbox"].concurrency == 0 and set(lim) == {"sandbox", "simulated", "adb"}
+    del c.envs.adb["concurrency"]
+    with pytest.raises(ValueError, match=r"config.envs.adb.concurrency is missing"):
+        limits_from_config(c)  # configs/ is the one source of the pool's limits
+    with pytest.raises(ValueError, match="env kind 'slow' has no pool limits"):
+        EnvPool(lim).limit("slow")
     assert isinstance(make_env("sandbox", config=c), SandboxEnv)
     with pytest.raises(ValueError, match="config.envs.adb"):
         make_env("adb", config=c)  # no device serial configured
@@ -180,6 +187,8 @@ def test_sampler_follows_the_weights():
     assert {t.id for k, t in draws if k == "simulated"} == {t.id for t in tasks["simulated"]}  # cycles through all
     with pytest.raises(ValueError, match="config.envs.mixture.adb"):
         MixtureSampler({"sandbox": 1.0, "adb": 1.0}, tasks)
+    with pytest.raises(ValueError, match="config.envs.mixture.phone: unknown env kind"):
+        MixtureSampler({"phone": 1.0}, tasks)
 
 
 def test_mixture_runs_all_three_kinds_with_per_kind_metrics():
@@ -213,3 +222,107 @@ def test_mixture_runs_all_three_kinds_with_per_kind_metrics():
         assert m[kind]["infra"] == 0 and m[kind]["success_rate"] == 1.0, (kind, m[kind])
         assert m[kind]["steps"] > 0
     assert all(v.success for v in out["verifications"])
+
+
+# ---- the gold round-robin driver of the mixture test (test code, not a library loop) ----
+Policy = Callable[[str, Task, int, Any], Action | None]  # (kind, task, turn, last feedback/observation) -> action
+
+
+def run_round_robin(draws: Sequence[tuple[str, Task]], make_env: Callable[[str], Any], policy: Policy, pool: EnvPool,
+                    max_turns: int = 16, max_live: dict[str, int] | None = None) -> dict[str, Any]:
+    """Test driver (moved here from envs/mixture.py, issue 55: the library runs episodes through the one
+    `EpisodeRunner`): run every drawn episode; each round steps all live episodes concurrently through `pool`.
+
+    `max_live[kind]` caps the episodes of a kind in flight at once (a device holds one episode: adb
+    defaults to 1); the others wait and start as earlier ones end. An episode is verified as soon as it
+    ends (before its device is reused). Resets and verifications go through the pool too.
+    Returns {"verifications": [Verification per draw], "per_kind": {kind: metrics}, "wall_s": float}.
+    """
+    t0 = time.perf_counter()
+    cap = {"adb": 1, **(max_live or {})}
+    n = len(draws)
+    envs: list[Any] = [None] * n
+    last: list[Any] = [None] * n
+    turn = [0] * n
+    infra = [False] * n
+    verifications: list[Verification | None] = [None] * n
+    pending = collections.deque(range(n))
+    live: list[int] = []
+    in_flight: collections.Counter = collections.Counter()
+
+    def finish(ids: list[int]) -> None:
+        ver = pool.call_all([(envs[i], envs[i].verify, "") for i in ids])
+        for i, v in zip(ids, ver):
+            if infra[i] or not isinstance(v, Verification):
+                v = Verification(success=False, score=0.0, infra_error=True)
+            verifications[i] = v
+            try:
+                envs[i].close()
+            except Exception:  # noqa: BLE001 - closing a lost device must not lose the results
+                pass
+            pool.release(envs[i])
+            in_flight[draws[i][0]] -= 1
+
+    while pending or live:
+        starting, waiting = [], collections.deque()
+        while pending:
+            i = pending.popleft()
+            kind = draws[i][0]
+            if in_flight[kind] < cap.get(kind, n):
+                in_flight[kind] += 1
+                starting.append(i)
+            else:
+                waiting.append(i)
+        pending = waiting
+        for i in starting:
+            envs[i] = make_env(draws[i][0])
+        obs = pool.call_all([(envs[i], (lambda e=envs[i], t=draws[i][1]: e.reset(t)), "") for i in starting])
+        for i, o in zip(starting, obs):
+            last[i] = o
+            infra[i] = isinstance(o, Feedback)  # a failed reset answers INFRA Feedback
+        live += starting
+        actions = {i: None if infra[i] or turn[i] >= max_turns else policy(draws[i][0], draws[i][1], turn[i], last[i])
+                   for i in live}
+        done = [i for i in live if actions[i] is None]
+        stepping = [i for i in live if actions[i] is not None]
+        fbs = pool.step_all([(envs[i], actions[i]) for i in stepping])
+        live = []
+        for i, fb in zip(stepping, fbs):
+            last[i], turn[i] = fb, turn[i] + 1
+            if fb.is_infra:
+                infra[i] = True
+            if fb.is_infra or actions[i].kind in ("message", "finish"):
+                done.append(i)
+            else:
+                live.append(i)
+        if done:
+            finish(done)
+    per_kind: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for (kind, _), v, steps in zip(draws, verifications, turn):
+        m = per_kind[kind]
+        m["episodes"] += 1
+        m["steps"] += steps
+        m["infra"] += int(v.infra_error)
+        m["success"] += int(v.success)
+    pool_stats = pool.summary()
+    metrics = {}
+    for kind, m in sorted(per_kind.items()):
+        scored = m["episodes"] - m["infra"]
+        metrics[kind] = {"episodes": m["episodes"], "steps": m["steps"], "infra": m["infra"],
+                         "success_rate": m["success"] / scored if scored else 0.0,
+                         **{k: v for k, v in pool_stats.get(kind, {}).items() if k in ("timeouts", "mean_busy_ms", "mean_wait_ms")}}
+    return {"verifications": verifications, "per_kind": metrics, "wall_s": time.perf_counter() - t0}
+
+
+def gold_policy(kind: str, task: Task, turn: int, last: Any) -> Action | None:
+    """Replays a task's gold actions in order (tests and benches); None after the last one."""
+    if turn >= len(task.gold):
+        return None
+    g = task.gold[turn]
+    if g["kind"] == "tool_call":
+        return Action.tool_call(g["name"], g.get("arguments", {}), call_id=f"call_{turn}")
+    if g["kind"] == "message":
+        return Action.message(g["text"])
+    if g["kind"] == "delegate":
+        return Action.delegate(g.get("name") or g.get("agent", ""), g.get("text") or g.get("instruction", ""))
+    return Action.finish()

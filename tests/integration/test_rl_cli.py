@@ -6,7 +6,7 @@ import os
 import pytest
 
 from mpa_jax import cli
-from mpa_jax.rl import experiment
+from mpa_jax.experiments import care_vs_vanilla as experiment
 
 
 def test_bad_rl_config_values_are_one_line_errors(tmp_path, capsys):
@@ -16,8 +16,9 @@ def test_bad_rl_config_values_are_one_line_errors(tmp_path, capsys):
     rc = cli.main(["rl", "--workdir", str(tmp_path / "r"), "--config.rl.templates=no.such_template"])
     err = capsys.readouterr().err
     assert rc == 2 and "no.such_template" in err
-    rc = cli.main(["rl", "--workdir", str(tmp_path / "r"), "--init", str(tmp_path / "missing")])
-    assert rc == 2 and "--init" in capsys.readouterr().err
+    rc = cli.main(["rl", "--workdir", str(tmp_path / "r"), "--init", str(tmp_path / "missing")])  # the old spelling
+    err = capsys.readouterr().err
+    assert rc == 2 and f"no checkpoint at {tmp_path / 'missing'}" in err and len(err.strip().splitlines()) == 1
     rc = cli.main(["experiment", "nope", "--workdir", str(tmp_path / "e")])
     assert rc == 2 and "unknown experiment" in capsys.readouterr().err
 

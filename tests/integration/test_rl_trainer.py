@@ -29,7 +29,8 @@ from mpa_jax.train.metrics import read_metrics
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-NAMES = ("rl/success", "rl/score", "rl/output_tokens", "rl/tool_calls", "rl/competence", "rl/lambda", "rl/adv_mean",
+NAMES = ("rl/success", "rl/score", "rl/output_tokens", "rl/tool_calls", "rl/competence", "rl/lambda", "rl/lambda_min",
+         "rl/lambda_max", "rl/own_key_share", "rl/adv_mean",
          "rl/adv_std", "rl/zero_var_groups", "rl/clip_frac", "rl/kl", "rl/entropy", "rl/logprob_gap",
          "rl/weight_version", "rl/infra_dropped", "time/rollout_s", "time/train_s", "time/sync_s")
 
@@ -139,7 +140,19 @@ def test_rl_end_to_end_sync_versions_infra_and_exact_resume(tmp_path, tok):
             assert rb[k] == v or (v != v and rb[k] != rb[k]), k
     extra = json.load(open(tmp_path / "b" / "checkpoints" / "2" / "extra" / "metadata"))
     assert extra["cursor"] == {"sandbox": 8} and extra["weight_version"] == a.weight_version and extra["rl_step"] == 2
-    assert extra["competence"]["counts"]["calc.tip_split"] == sum(m["rl/rollouts"] for _, m in seen)
+    # the competence table is every verified episode of the run folded in step by step (kept groups and left-out ones)
+    from mpa_jax.envs import Trajectory, read_jsonl
+    from mpa_jax.rl.competence import CompetenceTable, keys_of_trajectory
+
+    table = CompetenceTable.from_config(cfg.rl)
+    for step in (1, 2):
+        trajs = read_jsonl(str(tmp_path / "a" / "rollouts" / f"step_{step:06d}.jsonl"), Trajectory)
+        keys, cells = zip(*[keys_of_trajectory(t) for t in trajs])
+        table.update(list(keys), list(cells), [float(t.verification.success) for t in trajs])
+    assert CompetenceTable.from_dict(extra["competence"]) == table and set(table.tally["key"]) == {"calc.tip_split#1"}
+    lines = [json.loads(x) for x in open(tmp_path / "a" / "competence.jsonl")]
+    assert [ln["step"] for ln in lines] == [1, 2] and lines[-1]["table"] == extra["competence"]
+    assert all(len(ln["groups"]) == 4 and {"key", "cell", "competence", "lambda", "own"} <= set(ln["groups"][0]) for ln in lines)
     assert all(m["rl/staleness"] == 0 for _, m in seen)
 
 
@@ -221,7 +234,8 @@ def test_infra_failures_are_retried_then_dropped_never_rewarded(tok):
     cfg = _config(tok)
     cfg.rl.group_size, cfg.rl.infra_retries = 3, 1
     with EpisodeRunner(EnvFactory(make=lambda _kind: Env())) as runner:
-        r = group_rollouts(runner, ScriptedEngine(tok, ["All done."]), tok, [("sandbox", t) for t in tasks], cfg, step=0)
+        r = group_rollouts(runner, ScriptedEngine(tok, ["All done."]), tok, [("sandbox", t) for t in tasks], rl=cfg.rl,
+                           rollout=cfg.rollout, seed=int(cfg.seed), step=0)
     trajs, groups = r.trajs, r.groups
     assert r.dropped == {"sandbox": 3} and groups == [0, 0, 0] and len(trajs) == 3
     assert not any(t.infra_failure for t in trajs) and resets[broken] == 6
@@ -306,7 +320,7 @@ def test_non_finite_rollouts_are_refused_and_a_diverged_learner_stops_the_run(tm
     with pytest.raises(rlbatch.BatchError, match="advantage is inf"):
         rlbatch.sequence_from_trajectory(traj, float("inf"), 16)
 
-    real = Learner.update
+    real = Learner.update_sequences
 
     def diverged_after_step_1(self, seqs, step):
         metrics, layout = real(self, seqs, step)
@@ -314,7 +328,7 @@ def test_non_finite_rollouts_are_refused_and_a_diverged_learner_stops_the_run(tm
             metrics = [dict(m, nonfinite=1.0) for m in metrics]
         return metrics, layout
 
-    monkeypatch.setattr(Learner, "update", diverged_after_step_1)
+    monkeypatch.setattr(Learner, "update_sequences", diverged_after_step_1)
     cfg = _config(tok, steps=6)
     cfg.rl.max_bad_updates = 3
     _reset_pattern()
@@ -328,9 +342,9 @@ def test_non_finite_rollouts_are_refused_and_a_diverged_learner_stops_the_run(tm
 
 def test_competence_selection_trains_on_fresh_instances_and_resumes_exactly(tmp_path, tok):
     """`rl.selection = "competence"`: every trained group is a fresh instance (no split's seed) with reward
-    variance; a run stopped after step 1 and resumed ends with the uninterrupted run's weights, table (with its
-    focus pool of one template) and metrics."""
-    from mpa_jax.rl.rollouts import FRESH_SEED_BASE
+    variance; a run stopped by SIGINT after step 1 and resumed ends with the uninterrupted run's weights, table
+    (with its focus pool of one template) and metrics."""
+    from mpa_jax.rl.tasks import FRESH_SEED_BASE
 
     cfg = _config(tok, steps=2)
     cfg.rl.selection, cfg.rl.templates = "competence", "calc.tip_split,weather.forecast"
@@ -352,8 +366,14 @@ def test_competence_selection_trains_on_fresh_instances_and_resumes_exactly(tmp_
     table = [json.loads(x) for x in open(tmp_path / "a" / "competence.jsonl")]
     assert [r["step"] for r in table] == [1, 2] and set(table[-1]["templates"]) <= {"calc.tip_split", "weather.forecast"}
     assert all(len(r["pool"]) == 1 and set(r["pool"]) | set(r["retired"]) <= {"calc.tip_split", "weather.forecast"} for r in table)
+    # B is stopped by a SIGINT during step 1 (train.preemption): it saves at the step boundary, says so in one line
     _reset_pattern()
-    run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), max_steps=1, progress=False)
+    import signal
+
+    stopped = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), progress=False,
+                     on_step=lambda done, m, state, engine: os.kill(os.getpid(), signal.SIGINT))
+    assert stopped.steps == 1 and stopped.interrupted.startswith("interrupted (SIGINT): saved step 1")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
     b = run_rl(cfg, str(tmp_path / "b"), tokenizer=tok, runner=_pattern_runner(), on_step=keep("b"), progress=False)
     assert b.resumed_from == 1
     assert all(np.array_equal(x, y) for x, y in zip(finals["a"], finals["b"]))

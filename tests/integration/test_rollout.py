@@ -100,11 +100,12 @@ def test_mpa_rollout_rejects_bad_input(setup, capsys, tmp_path):
     assert "--split" in capsys.readouterr().err
     empty = tmp_path / "not_a_checkpoint"
     empty.mkdir()
-    assert main(base + ["--checkpoint", str(empty)]) == 2  # a directory without config.json
-    assert "mpa export" in capsys.readouterr().err
+    assert main(base + ["--checkpoint", str(empty)]) == 2  # neither weights nor an orbax run
+    assert "neither a Hugging Face directory (config.json + safetensors) nor an orbax run" in capsys.readouterr().err
     (empty / "config.json").write_text('{"model_type": "gpt2"}')
+    (empty / "model.safetensors").write_bytes(b"")
     assert main(base + ["--checkpoint", str(empty)]) == 2
-    assert "cannot load checkpoint" in capsys.readouterr().err
+    assert "its config.json is not a model this project runs" in capsys.readouterr().err
     assert main(base + ["--config.rollout.replicas=4096"]) == 2
     assert "config.rollout.replicas=4096" in capsys.readouterr().err
 

@@ -37,7 +37,7 @@ def test_openai_chat_with_tools_returns_parsed_tool_calls(tok):
     engine = ScriptedEngine(tok, [reply, "Your alarm is set for 7:00."])
     with ServerThread(create_app(engine, tok)) as server:
         messages = [{"role": "user", "content": "wake me at 7"}]
-        r = httpx.post(server.url + "/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS, "temperature": 0})
+        r = httpx.post(server.url + "/v1/chat/completions", json={"model": "mpa", "messages": messages, "tools": TOOLS, "temperature": 0})
         assert r.status_code == 200, r.text
         choice = r.json()["choices"][0]
         assert choice["finish_reason"] == "tool_calls"
@@ -137,9 +137,9 @@ def test_mpa_serve_process_serves_a_checkpoint(tok, tmp_path):
     ckpt = tiny_checkpoint(str(tmp_path / "ckpt"), vocab_size=tok.vocab_size, seed=1)
     tok.save(ckpt)
     port = _free_port()
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1", MPA_API_KEY="k1")
     cmd = [sys.executable, "-m", "mpa_jax.cli", "serve", "--config", os.path.join(REPO, "configs", "tiny.py"),
-           "--workdir", str(tmp_path / "run"), "--checkpoint", ckpt, "--port", str(port)]
+           "--workdir", str(tmp_path / "run"), "--checkpoint", ckpt, "--port", str(port), "--served-model-name", "tiny-planner"]
     proc = subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -153,14 +153,19 @@ def test_mpa_serve_process_serves_a_checkpoint(tok, tmp_path):
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "mpa serve did not come up"
             time.sleep(0.2)
-        info = httpx.get(url + "/model_info").json()
+        assert httpx.get(url + "/model_info").status_code == 401  # $MPA_API_KEY is required
+        auth = {"Authorization": "Bearer k1"}
+        assert [m["id"] for m in httpx.get(url + "/v1/models", headers=auth).json()["data"]] == ["tiny-planner"]
+        r = httpx.post(url + "/v1/chat/completions", headers=auth, json={"model": "ckpt", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 404 and "tiny-planner" in r.json()["error"]["message"]
+        info = httpx.get(url + "/model_info", headers=auth).json()
         assert info["model_path"] == ckpt and info["weight_version"] == "ckpt"
-        r = httpx.post(url + "/generate", json={"input_ids": tok.encode("call mom"), "return_logprob": True,
+        r = httpx.post(url + "/generate", headers=auth, json={"input_ids": tok.encode("call mom"), "return_logprob": True,
                                                 "sampling_params": {"max_new_tokens": 5, "temperature": 0}}, timeout=60)
         out = r.json()
         assert r.status_code == 200 and 1 <= len(out["output_ids"]) <= 5
         assert [e[1] for e in out["meta_info"]["output_token_logprobs"]] == out["output_ids"]
-        r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+        r = httpx.post(url + "/v1/chat/completions", headers=auth, json={"model": "tiny-planner", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
                                                            "max_tokens": 4, "temperature": 0}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
     finally:

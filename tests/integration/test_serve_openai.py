@@ -131,10 +131,12 @@ def test_bad_values_are_400_naming_the_field_never_a_traceback(real):
     cases = [
         ({"temperature": 2.5}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"n": 0}, "n"), ({"n": 17}, "n"),
         ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 10**6}, "max_tokens"), ({"seed": -1}, "seed"),
-        ({"presence_penalty": 0.5}, "presence_penalty"), ({"logit_bias": {"5": 1}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"), ({"logit_bias": {"5": 1}}, "logit_bias"),
         ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"response_format": {"type": "json_object"}}, "response_format"), ({"stop": ["a"] * 5}, "stop"),
-        ({"tool_choice": "required", "tools": TOOLS}, "tool_choice"), ({"extra_body": {"mirostat": 1}}, "mirostat"),
+        ({"tool_choice": "required"}, "tool_choice"), ({"extra_body": {"mirostat": 1}}, "mirostat"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": TOOLS}, "tool_choice"),
+        ({"metadata": "x"}, "metadata"), ({"store": "yes"}, "store"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ]
     for extra, field in cases:

@@ -29,6 +29,12 @@ def test_sft_command_trains_and_exports(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "unigram baseline" in res.stdout and "exported Hugging Face model" in res.stdout
     assert json.load(open(os.path.join(run, "hf", "config.json")))["vocab_size"] == 256
+    # both the run directory and the export describe themselves (mpa_jax/start.py): kind, recipe, context, positions
+    run_card, hf_card = (json.load(open(os.path.join(d, "mpa_checkpoint.json"))) for d in (run, os.path.join(run, "hf")))
+    assert (run_card["kind"], hf_card["kind"]) == ("run", "hf")
+    for card in (run_card, hf_card):
+        assert card["recipe"]["command"].startswith("mpa sft --data") and card["recipe"]["config"] == "tiny"
+        assert card["context"] == {"format": "json", "reasoning": "full"} and card["model"]["vocab_size"] == 256
     steps = [json.loads(x)["step"] for x in open(os.path.join(run, "metrics.jsonl")) if "train/loss" in x]
     assert steps == [1, 2, 3, 4]
 

@@ -30,9 +30,11 @@ def test_unbiased_estimator_equals_the_subset_definition(n):
     assert pass_at_k(8, 2, 4) == pytest.approx(1 - math.comb(6, 4) / math.comb(8, 4))
 
 
-def _traj(task_id: str, ok: bool, infra: bool = False) -> Trajectory:
-    return Trajectory(task_id=task_id, tokens=[], loss_mask=[], logprobs=[], steps=[],
-                      verification=Verification(success=ok, score=float(ok)), infra_failure=infra)
+def _traj(task, ok: bool, infra: bool = False) -> Trajectory:
+    # the provenance the runner writes: metrics group runs by the task's category and template from it
+    return Trajectory(task_id=task.id, tokens=[], loss_mask=[], logprobs=[], steps=[],
+                      verification=Verification(success=ok, score=float(ok)), infra_failure=infra,
+                      provenance={"category": task.category, "template": task.template, "domain": task.domain})
 
 
 def test_pass_at_k_metrics_split_by_templates_and_category():
@@ -43,8 +45,9 @@ def test_pass_at_k_metrics_split_by_templates_and_category():
     tasks = seen + held
     rng = random.Random(0)
     outcomes = {t.id: [rng.random() < p for _ in range(6)] for t, p in zip(tasks, [0.0, 0.3, 0.9, 0.5, 1.0])}
-    trajs = [_traj(tid, ok) for tid, runs in outcomes.items() for ok in runs]
-    trajs.append(_traj(tasks[0].id, True, infra=True))  # an infra failure is neither a run nor a success
+    by_id = {t.id: t for t in tasks}
+    trajs = [_traj(by_id[tid], ok) for tid, runs in outcomes.items() for ok in runs]
+    trajs.append(_traj(tasks[0], True, infra=True))  # an infra failure is neither a run nor a success
     m = pass_at_k_metrics(trajs, tasks, [1, 3, 6])
     assert m["samples"] == 6
 

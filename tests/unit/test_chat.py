@@ -1,4 +1,5 @@
 """Chat format: rendering parity with transformers on the Qwen3 template, loss masks, token-in/token-out."""
+import os
 import unicodedata
 from pathlib import Path
 
@@ -18,8 +19,13 @@ from mpa_jax.tokenizer import (
     synthetic_corpus,
 )
 
+# An outside fixture the repository does not carry: the official Qwen3 chat template in ../shared beside the
+# clone. A user's clone without it skips the parity test, saying so in one line; CI (which always has it, and
+# sets CI) runs it and fails when it is missing.
 FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "chat_templates" / "qwen3.jinja"
-QWEN3 = FIXTURE.read_text()
+QWEN3 = FIXTURE.read_text() if FIXTURE.is_file() else None
+needs_qwen3_fixture = pytest.mark.skipif(QWEN3 is None and not os.environ.get("CI"),
+                                         reason=f"outside fixture missing: {FIXTURE} (the official Qwen3 chat template; CI has it)")
 HYP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
@@ -131,9 +137,11 @@ def episode(draw):
 
 
 # ---- rendering parity -----------------------------------------------------------------------------------------
+@needs_qwen3_fixture
 @HYP
 @given(msgs=conversation(), tools=tool_specs, agp=st.booleans(), thinking=st.sampled_from([None, True, False]))
 def test_render_matches_transformers_on_the_qwen3_fixture(hf_tok, tok, msgs, tools, agp, thinking):
+    assert QWEN3 is not None, f"outside fixture missing: {FIXTURE}"
     kw = {} if thinking is None else {"enable_thinking": thinking}
     want = hf_tok.apply_chat_template(msgs, tools=tools or None, tokenize=False, add_generation_prompt=agp, chat_template=QWEN3, **kw)
     assert render_chat(tok, msgs, tools or None, add_generation_prompt=agp, chat_template=QWEN3, **kw) == want

@@ -315,7 +315,8 @@ def test_weight_update_between_chunks_labels_every_result(ckpt):
     updater = threading.Thread(target=engine.update_weights, args=(new, "b"))
     updater.start()
     deadline = time.monotonic() + 120
-    while engine._loop._pausers == 0 and time.monotonic() < deadline:  # the update is queued at the chunk boundary
+    while engine.stats()["pausers"] == 0:  # wait until the update is queued at the chunk boundary
+        assert time.monotonic() < deadline, "update_weights never reached the chunk boundary"
         time.sleep(0.01)
     go.set()
     updater.join(120)

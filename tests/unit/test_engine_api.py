@@ -13,9 +13,6 @@ PACKAGES = ("mpa_jax", "kernels", "envs", "harness", "bench")
 # Another object's underscore attribute (an object's own lazy attributes, `getattr(self, "_x", ...)`, are its business).
 PROBE = re.compile(r"""\b(?:getattr|hasattr)\(\s*(?!self\b|cls\b)[\w.\[\]]+\s*,\s*["']_[A-Za-z]\w*["']""")
 PRIVATE_READ = re.compile(r"""\b(?:engine|batcher\.engine|self\.engine)\._[A-Za-z]\w*""")
-# Call sites in modules another owner is porting to the engine's public interface; each entry must
-# still be there (so the list shrinks as they are ported, never silently).
-PENDING: dict[str, list[str]] = {}  # call sites still probing, with their owners (none left)
 
 
 def _sources():
@@ -35,10 +32,7 @@ def test_no_private_attribute_probes_in_the_package():
         if hits:
             found[rel] = hits
     assert sum(1 for _ in _sources()) > 100  # the walk saw the package
-    pending = {rel: hits for rel, hits in found.items() if rel in PENDING}
-    assert {rel: hits for rel, hits in found.items() if rel not in PENDING} == {}
-    for rel, expected in PENDING.items():  # still pending: keep the list honest
-        assert pending.get(rel) == expected, f"{rel} changed: update PENDING in this test"
+    assert found == {}
 
 
 def test_the_probe_pattern_catches_what_it_is_for():

@@ -1,6 +1,7 @@
 """The package layout, the light-import rule and the CLI's contract (exit codes, one-line errors)."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,125 @@ def test_commands_are_imported_only_by_the_cli_and_library_modules_form_no_circl
             text = path.read_text()
             private += [f"{path.relative_to(ROOT)}: {m}" for m in re.findall(r"\b(?:steplib|trainer|agent_loop|success)\._[a-z]\w*", text)]
     assert not private, private
+
+
+# Circles in other owners' files at the time of issue 55; the coordinator removes an entry once the merge
+# has removed its circle (an entry that no longer occurs is not an error, so the test passes before and after).
+KNOWN_CIRCLES = [
+    {"mpa_jax.rollout.jax_engine", "mpa_jax.rollout.slots"},  # issue 55 item 5: the engine issue removes it
+]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports, lazy (function-level) and TYPE_CHECKING imports included.
+    `from a.b import c` points at `a.b.c` when that is a module, else at `a.b`; a module's own parent
+    packages are left out (importing `a.b.c` runs `a/b/__init__` but is no edge of `a.b.c`'s design)."""
+    mods = {}
+    for folder, pkg in (("mpa_jax", "mpa_jax"), ("envs", "mpa_jax.envs"), ("harness", "mpa_jax.harness"),
+                        ("kernels", "mpa_jax.kernels")):
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            mods[".".join((pkg,) + (parts[:-1] if parts[-1] == "__init__" else parts))] = path
+
+    def resolve(name: str) -> str:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for mod, path in mods.items():
+        targets = {resolve(name) for name in _imports(path)}
+        graph[mod] = {t for t in targets if t and t != mod and not mod.startswith(t + ".")}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one node (Tarjan, iterative)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = set()
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    comp.add(top)
+                    if top == node:
+                        break
+                if len(comp) > 1:
+                    out.append(comp)
+    return out
+
+
+def test_circle_finder_sees_a_function_level_import():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [{"a", "b", "c"}]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_between_modules_or_packages():
+    """Issue 55: no two modules import each other, directly or through others, counting imports inside
+    functions; and no two packages of `mpa_jax` (`rollout`, `harness`, `envs`, ...) do either."""
+    graph = _import_graph()
+    circles = [sorted(c) for c in _circles(graph) if c not in KNOWN_CIRCLES]
+    assert not circles, f"import circles: {circles}"
+
+    def package(mod: str) -> str:
+        return mod.split(".")[1] if mod.count(".") else mod
+
+    packages: dict[str, set[str]] = {}
+    for mod, targets in graph.items():
+        packages.setdefault(package(mod), set()).update(package(t) for t in targets if package(t) != package(mod))
+    known = [{package(m) for m in c} for c in KNOWN_CIRCLES]
+    circles = [sorted(c) for c in _circles(packages) if c not in known]
+    assert not circles, f"package import circles: {circles}"
+
+
+# `section.get("key", default)` / `getattr(cfg, "key", default)` on a config: a default restated outside configs/.
+CONFIG_DEFAULT = re.compile(r"""\b(?:config|cfg|conf|section|[a-z]+_cfg)(?:\.[a-z_]+)*\.get\(\s*["'][a-z_]+["']\s*,"""
+                            r"""|getattr\((?:config|cfg|[a-z]+_cfg)(?:\.[a-z_]+)*,\s*["'][a-z_]+["'],""")
+# Issue 55 item 1, in the files of this issue's house part; the other owners' files (serve, rl, cli, the engine, the
+# tokenizer, envs/base.py) join this list as their issues land.
+NO_CONFIG_DEFAULTS = ["kernels", "envs/pool.py", "envs/mixture.py", "envs/simulated", "envs/adb", "envs/context.py",
+                      "harness/config.py", "harness/runtime.py", "harness/memory", "harness/evolution.py",
+                      "mpa_jax/data", "mpa_jax/eval", "mpa_jax/commands/harness.py", "mpa_jax/commands/demo.py"]
+
+
+def test_the_pattern_for_restated_config_defaults():
+    assert CONFIG_DEFAULT.search('slot_len=int(config.serve.get("slot_len", 1024))')
+    assert CONFIG_DEFAULT.search('int(section.get("concurrency", 8))') and CONFIG_DEFAULT.search('memory_cfg.get("path", "")')
+    assert CONFIG_DEFAULT.search('getattr(cfg, "skills", True)')
+    assert not CONFIG_DEFAULT.search('t.provenance.get("category", "?")') and not CONFIG_DEFAULT.search("config.harness.top_k")
+
+
+def test_configs_are_the_only_source_of_defaults():
+    """configs/ is the one source of defaults: no `section.get(key, default)` on a config section."""
+    hits = []
+    for rel in NO_CONFIG_DEFAULTS:
+        paths = [ROOT / rel] if rel.endswith(".py") else sorted((ROOT / rel).rglob("*.py"))
+        for path in paths:
+            hits += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in CONFIG_DEFAULT.finditer(path.read_text())]
+    assert not hits, hits
 
 
 def _mpa(*args, cwd=None):

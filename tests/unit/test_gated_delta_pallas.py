@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mpa_jax.kernels import gated_delta as gd
-from mpa_jax.kernels.gated_delta_pallas import gated_delta_pallas
+from mpa_jax.kernels.gated_delta import gated_delta_pallas
 
 B, T, HK, HV, DK, DV = 2, 40, 1, 2, 8, 8
 

@@ -22,7 +22,7 @@ from mpa_jax.harness.episode import run_episode
 from mpa_jax.harness.planners import EnginePlanner, OpenAIChatPlanner, ScriptedPlanner
 from mpa_jax.rollout.server import ServerThread, create_app
 from mpa_jax.rollout.testing import ScriptedEngine
-from mpa_jax.rollout.types import EngineError
+from mpa_jax.rollout.types import EngineError, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_backend_down_is_infra():
 def test_engine_backend_keeps_sampled_ids_and_engine_errors_are_infra(tok, tasks):
     task = tasks[0]
     engine = ScriptedEngine(tok, _gold_script(tok, tasks))
-    planner = EnginePlanner(engine, tok, max_new_tokens=256)
+    planner = EnginePlanner(engine, tok, max_new_tokens=256, params_cls=SamplingParams)
     session = HarnessSession(HarnessConfig(enabled=True))
     traj = run_episode(planner, session.env_factory(), task, harness_version=session.version_label)
     assert traj.verification.success
@@ -138,7 +138,7 @@ def test_engine_backend_keeps_sampled_ids_and_engine_errors_are_infra(tok, tasks
         def generate(self, *a, **k):
             raise EngineError("server gone")
 
-    reply = EnginePlanner(Broken(), tok).respond([{"role": "user", "content": "x"}], None)
+    reply = EnginePlanner(Broken(), tok, params_cls=SamplingParams).respond([{"role": "user", "content": "x"}], None)
     assert reply.infra and "server gone" in reply.error.message
 
 
@@ -158,6 +158,6 @@ def test_sglang_backend_is_the_engine_planner_over_the_sglang_client(tok, tasks)
     with ServerThread(create_app(engine, tok)) as server:
         client = SGLangEngine(server.url, timeout_s=30, max_retries=0)
         session = HarnessSession(HarnessConfig(enabled=True, tools="catalog"))
-        traj = run_episode(EnginePlanner(client, tok), session.env_factory(), tasks[1], harness_version=session.version_label)
+        traj = run_episode(EnginePlanner(client, tok, params_cls=SamplingParams), session.env_factory(), tasks[1], harness_version=session.version_label)
     assert traj.verification.success and traj.provenance["harness_version"] == "0.1.0"
     assert all(len(t["token_ids"]) == len(t["logprobs"]) > 0 for t in traj.provenance["turns"])

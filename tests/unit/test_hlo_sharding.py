@@ -57,8 +57,7 @@ def _compiled_step_hlo(mesh_shape: tuple[int, int, int, int]) -> str:
     rules = sharding.DEFAULT_RULES
     sft = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=1, steps=10, weight_decay=0.0, clip_norm=1.0, b1=0.9, b2=0.95,
                                          lr_end_ratio=0.1))
-    opt_key = trainer._opt_key(sft)
-    step_fn, _ = trainer._compiled_fns(CFG, 128, opt_key, 1, mesh, rules)
+    step_fn, _ = trainer.compiled_steps(CFG, sft, 128, mesh, rules)
     optimizer, _ = optlib.optimizer_from_config(sft)
     pshape = CFG.abstract_params()
     st_sh = statelib.state_shardings(mesh, pshape, sharding.param_shardings(CFG, mesh, rules), optimizer)

@@ -201,12 +201,14 @@ def test_provider_from_the_tiny_config(tmp_path):
 
     from pathlib import Path
 
+    from mpa_jax.harness import HarnessConfig
+
     cfg = load_config_file(str(Path(__file__).resolve().parents[2] / "configs" / "tiny.py"))
-    p = MemoryProvider.from_config(cfg.memory)
-    assert p.path is None and p.budget_tokens == cfg.memory.context_tokens
-    cfg.memory.path = str(tmp_path / "m.sqlite")
-    q = MemoryProvider.from_config(cfg.memory)
-    assert q.path == cfg.memory.path
+    p = MemoryProvider.from_config(HarnessConfig.from_config(cfg))
+    assert p.path is None and p.budget_tokens == cfg.harness.memory_tokens
+    cfg.harness.memory_store = str(tmp_path / "m.sqlite")
+    q = MemoryProvider.from_config(HarnessConfig.from_config(cfg))
+    assert q.path == cfg.harness.memory_store
     q.close()
 
 

@@ -82,7 +82,7 @@ def test_plan_tracks_the_real_peak_of_a_small_cpu_step(remat):
     p = memory.plan(c, 8)
     cfg, _ = models.run_model_config(c)
     mesh, rules = sharding.make_mesh(c.mesh), sharding.rules_from_config(c)
-    step_fn, _ = trainer._compiled_fns(cfg, int(c.model.logprob_chunk), trainer._opt_key(c.sft), 1, mesh, rules)
+    step_fn, _ = trainer.compiled_steps(cfg, c.sft, int(c.model.logprob_chunk), mesh, rules)
     opt, _ = optlib.optimizer_from_config(c.sft)
     pshape = cfg.abstract_params()
     st = statelib.abstract_state(pshape, opt, statelib.state_shardings(mesh, pshape, sharding.param_shardings(cfg, mesh, rules), opt))

@@ -198,16 +198,49 @@ def test_bad_config_and_inputs_name_the_problem():
         care.advantages(success=[True, False], cost=[1.0], group=[0, 0], key=[0, 0], competence=[0.0, 0.0], cfg=rl_cfg())
 
 
-def test_competence_table_ema_and_round_trip():
-    t = care.CompetenceTable(alpha=0.5, initial=0.0)
-    t.update(["a", "a", "b"], np.array([1.0, 1.0, 0.0]))
-    assert t.get("a") == pytest.approx(0.75)  # two rollouts at rate 0.5 from 0 -> 1 - 0.25
-    assert t.get("b") == pytest.approx(0.0)
-    assert t.global_value == pytest.approx((1 - 0.125) * (2 / 3))
-    assert t.get("new") == t.global_value  # unseen keys start at the global value
-    # order of the rollouts inside a step does not matter
-    u = care.CompetenceTable(alpha=0.5)
-    u.update(["b", "a", "a"], np.array([0.0, 1.0, 1.0]))
-    assert u == t
-    assert care.CompetenceTable.from_dict(t.to_dict()) == t
-    assert t.counts == {"a": 2, "b": 1}
+def test_lambda_size_matters_in_all_success_groups():
+    """Issue 50: group-normalising by the rewards' std made any lambda > 0 a unit-size length advantage in an
+    all-success group; CARE now leaves such a group's advantages in reward units, so they scale with lambda."""
+    b = dict(success=np.ones(4, bool), cost=np.array([10.0, 20.0, 30.0, 40.0]), group=np.zeros(4, int), key=np.zeros(4, int),
+             competence=np.ones(4))
+    small = care.advantages(**b, cfg=rl_cfg(lambda_max=0.1, c_lo=0.0, c_hi=0.5, adv_clip=100.0))
+    big = care.advantages(**b, cfg=rl_cfg(lambda_max=1.0, c_lo=0.0, c_hi=0.5, adv_clip=100.0))
+    assert np.all(np.diff(small) < 0) and np.allclose(big, 10 * small, rtol=1e-3)
+    assert np.abs(big).max() < 2.0  # at most 2 lambda: a success's worth of reward each way
+    # a mixed group keeps vanilla's scale: with lambda 0 CARE (beta 0) is vanilla up to the smooth clip
+    m = dict(b, success=np.array([True, False, True, False]))
+    np.testing.assert_allclose(care.advantages(**m, cfg=rl_cfg(lambda_max=0.0, adv_clip=1e6)),
+                               care.advantages(**m, cfg=rl_cfg(algo="vanilla")), rtol=1e-6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches(), cfgs)
+def test_matched_arms_keep_the_same_groups(b, cfg):
+    """Which groups are kept does not depend on rl.algo (DESIGN §6.3), and a kept group is one with reward
+    variance under CARE's reward or vanilla's."""
+    for g in np.unique(b["group"]):
+        sel = b["group"] == g
+        args = dict(success=b["success"][sel], cost=b["cost"][sel], competence=b["competence"][sel])
+        cfg.algo = "care"
+        kept_care = care.group_has_signal(**args, cfg=cfg)
+        cfg.algo = "vanilla"
+        kept_vanilla = care.group_has_signal(**args, cfg=cfg)
+        assert kept_care == kept_vanilla
+        cfg.algo = "care"
+        r_care = care.rewards(**args, key=np.zeros(sel.sum(), int), cfg=cfg)
+        r_van = args["success"].astype(float)
+        assert kept_care == (sel.sum() > 1 and (r_care.std() > 1e-9 or r_van.std() > 0))
+
+
+def test_has_signal_needs_lambda_of_the_keys_competence_not_lambda_max():
+    """The old rule kept an all-success group with distinct costs whenever rl.lambda_max > 0, even below c_lo where
+    lambda(c_k) = 0 and every advantage is 0."""
+    cfg = rl_cfg(lambda_max=0.5, c_lo=0.3, c_hi=0.8)
+    ok = dict(success=np.ones(3, bool), cost=np.array([10.0, 20.0, 30.0]))
+    assert not care.group_has_signal(**ok, competence=np.full(3, 0.2), cfg=cfg)  # below c_lo: lambda 0
+    assert care.group_has_signal(**ok, competence=np.full(3, 0.5), cfg=cfg)
+    assert not care.group_has_signal(**dict(ok, cost=np.full(3, 20.0)), competence=np.full(3, 0.9), cfg=cfg)  # equal costs
+    assert not care.group_has_signal(success=np.zeros(3, bool), cost=ok["cost"], competence=np.full(3, 0.9), cfg=cfg)
+    assert care.group_has_signal(success=np.array([True, False, True]), cost=ok["cost"], competence=np.full(3, 0.0), cfg=cfg)
+    assert not care.group_has_signal(success=np.ones(3, bool), cost=ok["cost"], competence=np.full(3, 0.9),
+                                     cfg=rl_cfg(lambda_max=0.0))  # no length term at all

@@ -14,7 +14,7 @@ import types
 import pytest
 
 from mpa_jax.config import load_config_file
-from mpa_jax.rl import lift
+from mpa_jax.experiments import rl_lift as lift
 
 
 def _report(success: float, tokens: float) -> dict:
@@ -193,7 +193,8 @@ def test_turn_split_and_the_length_floor_in_the_verdicts():
 
 def test_the_reasoning_config_engages_care_and_leaves_vanilla_plain():
     """configs/rl_lift_think.py is configs/rl_lift.py with a reasoning refresh and CARE's length term on from
-    competence 0; the vanilla arm of the same workdir has no length term, so one command runs both arms."""
+    competence 0; the vanilla arm of the same workdir differs in rl.algo only (its advantages have no length term;
+    it keeps the lambda schedule so that both arms keep the same groups), so one command runs both arms."""
     from mpa_jax.rl.care import check_rl_config, lambda_schedule
 
     base, think = load_config_file("configs/rl_lift.py"), load_config_file("configs/rl_lift_think.py")
@@ -201,6 +202,7 @@ def test_the_reasoning_config_engages_care_and_leaves_vanilla_plain():
     care, vanilla = lift._arm_config(think, "care", 1), lift._arm_config(think, "vanilla", 1)
     check_rl_config(care.rl)
     assert float(lambda_schedule(0.4, care.rl)) > 0.75 > float(lambda_schedule(0.4, base.rl))  # this start's competence
-    assert (vanilla.rl.lambda_max, vanilla.rl.beta, vanilla.seed) == (0.0, 0.0, 1)
+    assert (vanilla.rl.algo, vanilla.seed) == ("vanilla", 1)
+    assert {k: v for k, v in vanilla.rl.items() if k != "algo"} == {k: v for k, v in care.rl.items() if k != "algo"}
     for key in ("steps", "tasks_per_step", "group_size", "lr", "selection"):  # the same budget as the recipe
         assert think.rl[key] == base.rl[key], key

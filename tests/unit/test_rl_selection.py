@@ -1,6 +1,7 @@
-"""Competence-aware task selection (`rl.selection = "competence"`, rl/rollouts.py): fresh instances whose
+"""Competence-aware task selection (`rl.selection = "competence"`, rl/tasks.py, rl/worker.py): fresh instances whose
 seeds collide with no split's, held-out templates never drawn, weights highest at intermediate competence,
-and a group without reward variance never reaches the learner (the step draws again, within its tries)."""
+and a group without reward variance never reaches the learner (the step draws again, within its tries), by the
+matched-arms rule of `rl/advantage.py` (the same groups whatever `rl.algo`)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,11 @@ from mpa_jax.config import load_config_file
 from mpa_jax.envs import load_tasks
 from mpa_jax.envs.contract import Trajectory, Verification
 from mpa_jax.eval import held_out_templates
-from mpa_jax.rl.rollouts import FRESH_SEED_BASE, RLSetupError, Selector, TaskSource, has_signal
+from mpa_jax.rl.advantage import Care
+from mpa_jax.rl.competence import CompetenceTable
+from mpa_jax.rl.errors import RLSetupError
+from mpa_jax.rl.tasks import FRESH_SEED_BASE, Selector, TaskSource
+from mpa_jax.rl.worker import RolloutWorker
 
 
 def _config(**rl):
@@ -28,6 +33,20 @@ def _traj(task, ok: bool, tokens: float = 10.0) -> Trajectory:
                       costs={"output_tokens": tokens, "tool_calls": 1.0}, provenance={"template": task.template})
 
 
+def _selector(cfg) -> Selector:
+    return Selector(cfg.rl, int(cfg.seed), int(cfg.tasks.seed))
+
+
+def _keep(cfg):
+    """The matched-arms keep rule of a fresh run (competence table at its prior)."""
+    return Care(cfg.rl, CompetenceTable.from_config(cfg.rl)).keep_rule()
+
+
+def _collect(source, runner, cfg, step=0):
+    worker = RolloutWorker(source, runner, None, None, rl=cfg.rl, rollout=cfg.rollout, seed=int(cfg.seed))
+    return worker.collect(step, _keep(cfg))
+
+
 class _Runner:
     """Stands in for the episode runner (the rollouts' outcomes are what is under test): an episode succeeds
     when `outcome(task, i)` says so, i = its index within the call."""
@@ -41,7 +60,7 @@ class _Runner:
 
 
 def test_fresh_instances_never_collide_with_the_benchmark_and_never_use_held_out_templates():
-    sel = Selector(_config())
+    sel = _selector(_config())
     tasks = sel.draw(step=0, attempt=0, n=40) + sel.draw(step=1, attempt=0, n=40)
     bench = {(t.template, t.seed) for s in ("train", "dev", "test") for t in load_tasks(s)}
     bench_seeds = {t.seed for s in ("train", "dev", "test") for t in load_tasks(s)}
@@ -51,11 +70,11 @@ def test_fresh_instances_never_collide_with_the_benchmark_and_never_use_held_out
     assert not {t.template for t in tasks} & held_out_templates()
     assert all(t.split == "train" for t in tasks)
     with pytest.raises(RLSetupError, match="held-out or unknown"):
-        Selector(_config(templates=sorted(held_out_templates())[0]))
+        _selector(_config(templates=sorted(held_out_templates())[0]))
 
 
 def test_weights_favour_intermediate_competence():
-    sel = Selector(_config(templates="calc.tip_split,contact.create,weather.forecast"))
+    sel = _selector(_config(templates="calc.tip_split,contact.create,weather.forecast"))
     sel.counts = {"calc.tip_split": [20, 20], "contact.create": [5, 10], "weather.forecast": [0, 20]}
     w = dict(zip([t.name for t in sel.templates], sel.weights()))
     assert w["contact.create"] > 0.9 and w["calc.tip_split"] < 0.25 and w["weather.forecast"] < 0.25
@@ -65,11 +84,11 @@ def test_weights_favour_intermediate_competence():
 
 def test_unanimous_groups_are_never_kept_and_the_step_draws_again_within_its_tries():
     cfg = _config(templates="calc.tip_split,contact.create", select_tries=3)
-    source = TaskSource(cfg)
+    source = TaskSource.from_config(cfg)
     # contact.create: one success per group of 3 (signal); calc.tip_split: every rollout succeeds (none)
     runner = _Runner(lambda t, i: t.template == "calc.tip_split" or i % 3 == 0)
-    r = source.collect(runner, None, None, cfg, step=0)
-    assert all(has_signal(r, g, cfg.rl) for g in range(len(r.draws)))
+    r = _collect(source, runner, cfg)
+    assert all(_keep(cfg)(r, g) for g in range(len(r.draws)))
     assert all(t.template == "contact.create" for _, t in r.draws) and len(r.draws) <= 4
     assert r.drawn == sum(len(c) for c in runner.calls) // 3 and r.drawn <= 4 * 3
     assert all(r.trajs[i].task_id == r.draws[g][1].id for i, g in enumerate(r.groups))
@@ -77,7 +96,7 @@ def test_unanimous_groups_are_never_kept_and_the_step_draws_again_within_its_tri
     s, n = source.selector.counts["calc.tip_split"]
     assert n > 0 and s == n
     # no group has signal: the step ends after its tries with nothing to train on
-    nothing = TaskSource(cfg).collect(_Runner(lambda t, i: True), None, None, cfg, step=0)
+    nothing = _collect(TaskSource.from_config(cfg), _Runner(lambda t, i: True), cfg)
     assert nothing.draws == [] and nothing.trajs == [] and nothing.drawn == 12
     # ... but the groups left out keep their episodes (saved with the step's rollouts: outcomes for the next
     # data stage, failure traces for the harness), through a checkpoint's round trip too
@@ -88,23 +107,27 @@ def test_unanimous_groups_are_never_kept_and_the_step_draws_again_within_its_tri
     assert [t.task_id for t in back.unused] == [t.task_id for t in r.unused] and back.groups == r.groups
 
 
-def test_care_keeps_all_success_groups_whose_costs_differ():
-    cfg = _config(algo="care", lambda_max=0.5)
+def test_both_arms_keep_all_success_groups_whose_costs_differ_where_lambda_of_the_key_is_positive():
+    """Matched arms: an all-success group with distinct costs has signal under CARE's reward, so both arms keep it
+    (the vanilla arm trains on it with zero advantages); only where lambda(c_k) > 0 (the old rule asked
+    rl.lambda_max > 0 and kept such groups below c_lo with all-zero advantages)."""
     task = load_tasks("train")[0]
     from mpa_jax.rl.rollouts import Rollouts
 
     r = Rollouts(0, [("sandbox", task)], [_traj(task, True, 10.0), _traj(task, True, 30.0)], [0, 0], {}, 0.0)
-    assert has_signal(r, 0, cfg.rl)
-    cfg.rl.algo = "vanilla"
-    assert not has_signal(r, 0, cfg.rl)
+    for algo in ("care", "vanilla"):
+        cfg = _config(algo=algo, lambda_max=0.5, c_lo=0.3, c_hi=0.8, competence_init=0.6)
+        assert _keep(cfg)(r, 0), algo
+        low = _config(algo=algo, lambda_max=0.5, c_lo=0.3, c_hi=0.8, competence_init=0.1)  # lambda(0.1) = 0
+        assert not _keep(low)(r, 0), algo
 
 
 def test_selection_state_round_trips():
     cfg = _config()
-    a = TaskSource(cfg)
+    a = TaskSource.from_config(cfg)
     a.draw(0, 4)
     a.selector.observe([_traj(t, True) for _, t in a.draw(1, 4)])
-    b = TaskSource(cfg)
+    b = TaskSource.from_config(cfg)
     b.restore(a.state)
     assert b.state == a.state
     assert [t.id for _, t in b.draw(2, 4)] == [t.id for _, t in a.draw(2, 4)]
@@ -125,7 +148,7 @@ def test_focus_pool_draws_only_its_members_and_retires_those_whose_groups_stoppe
     `select_pool_patience` unanimous groups in a row (or `select_pool_groups` groups) and is replaced by a
     template not pooled in this pass; the pool and the retired list are resume state."""
     cfg = _config(templates=_SIX, select_pool=2, select_pool_patience=2, select_pool_groups=4)
-    sel = Selector(cfg)
+    sel = _selector(cfg)
     assert {t.template for t in sel.draw(0, 0, 20)} <= set(sel.pool) and len(sel.pool) == 2
     a, b = sorted(sel.pool)
     # a: one unanimous group, then one with signal (the streak restarts), then two unanimous ones: retired
@@ -150,19 +173,19 @@ def test_focus_pool_draws_only_its_members_and_retires_those_whose_groups_stoppe
             sel.observe(_group(name, 100 * step + 2 * k, [True] * 3) + _group(name, 100 * step + 2 * k + 1, [True] * 3))
     assert seen == set(_SIX.split(",")) and len(sel.retired) < 6
     # the pool is part of the resume state
-    back = Selector(cfg)
+    back = _selector(cfg)
     back.restore(json.loads(json.dumps(sel.state)))
     assert back.state == sel.state and [t.id for t in back.draw(50, 0, 6)] == [t.id for t in sel.draw(50, 0, 6)]
 
 
 def test_focus_pool_never_holds_a_held_out_template_and_bad_sizes_are_named():
-    sel = Selector(_config(select_pool=16))
+    sel = _selector(_config(select_pool=16))
     sel.draw(0, 0, 8)
     assert len(sel.pool) == 16 and not set(sel.pool) & held_out_templates()
     with pytest.raises(RLSetupError, match="config.rl.select_pool_patience"):
-        Selector(_config(select_pool=4, select_pool_patience=0))
+        _selector(_config(select_pool=4, select_pool_patience=0))
     with pytest.raises(RLSetupError, match="config.rl.select_pool "):
-        Selector(_config(select_pool=-1))
+        _selector(_config(select_pool=-1))
 
 
 def test_fresh_worlds_are_persona_worlds_of_no_split():
@@ -172,10 +195,10 @@ def test_fresh_worlds_are_persona_worlds_of_no_split():
 
     split_worlds = {w for ws in PERSONAS.values() for w in ws}
     assert FRESH_PERSONA_BASE > max(split_worlds)
-    fresh = Selector(_config(select_worlds=32)).draw(0, 0, 40)
+    fresh = _selector(_config(select_worlds=32)).draw(0, 0, 40)
     assert {t.persona_seed for t in fresh} <= set(range(FRESH_PERSONA_BASE, FRESH_PERSONA_BASE + 32))
     assert len({t.persona_seed for t in fresh}) > 10
-    assert {t.persona_seed for t in Selector(_config()).draw(0, 0, 40)} <= set(PERSONAS["train"])
+    assert {t.persona_seed for t in _selector(_config()).draw(0, 0, 40)} <= set(PERSONAS["train"])
     # a fresh world is a complete world: the task runs and its gold plan passes the verifier (the gate)
     from mpa_jax.envs.gate import check_task
     from mpa_jax.envs.sandbox import SandboxEnv
@@ -186,4 +209,4 @@ def test_fresh_worlds_are_persona_worlds_of_no_split():
     finally:
         env.close()
     with pytest.raises(RLSetupError, match="config.rl.select_worlds"):
-        Selector(_config(select_worlds=-2))
+        _selector(_config(select_worlds=-2))

@@ -23,7 +23,11 @@ from mpa_jax.tokenizer import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+# An outside fixture the repository does not carry (the official Qwen3 chat template in ../shared beside the
+# clone): a clone without it skips the test that needs it, saying so; CI (which has it, and sets CI) runs it.
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "chat_templates" / "qwen3.jinja"
+needs_qwen3_fixture = pytest.mark.skipif(not FIXTURE.is_file() and not os.environ.get("CI"),
+                                         reason=f"outside fixture missing: {FIXTURE} (the official Qwen3 chat template; CI has it)")
 CORPUS = synthetic_corpus(n=120)
 
 
@@ -111,6 +115,7 @@ def _foreign_dir(src: Path, dst: Path, template: str) -> None:
     (dst / "generation_config.json").write_text(json.dumps({"eos_token_id": [7]}))
 
 
+@needs_qwen3_fixture
 def test_load_any_hf_directory_offline(built, tmp_path):
     from transformers import AutoTokenizer
 

@@ -30,9 +30,16 @@ choice's tokens when its call returns), then at each choice's end its reasoning,
 finish reason, then usage when `stream_options.include_usage` is set. A stop string ends a choice
 early (streamed or not); a client that disconnects frees its rows.
 
-Errors: a bad request is HTTP 400 with `{"error": {"message", "field", "code"}}` naming the field
-(non-finite or out-of-range numbers, options this server does not implement); an engine failure is
-503; anything else is 500 with the exception's class and message, never a traceback.
+Chat rendering (`server.render`): client tools in the checkpoint's context format (compact signatures in
+the system message, or the template's JSON schemas), `tool_choice` required / named by a forced call
+opening; answers (`server.openai`): reasoning in `reasoning_content`, only calls to offered tools as
+`tool_calls`. The model id is `served_model_name`; a request naming another model is a 404.
+
+Errors: one JSON line `{"error": {"message", "type", "code", "param"}}` (`field` too for 400s): a bad
+request is 400 naming the field (non-finite or out-of-range numbers, options this server does not
+implement, prompts over `serve.max_prompt_chars` / `max_prompt_tokens`); a missing or wrong API key 401,
+a body over `serve.max_body_bytes` 413, a full queue 429 (`server.guard`, before the body is read); an
+engine failure is 503; anything else is 500 with the exception's class and message, never a traceback.
 """
 # No `from __future__ import annotations`: FastAPI reads the route signatures' annotations at runtime
 # (`Request` is imported inside create_app).
@@ -45,8 +52,11 @@ import time
 import uuid
 from typing import Any
 
+from mpa_jax.envs.context import ContextFormat
 from mpa_jax.rollout.server import openai as oa
+from mpa_jax.rollout.server import render
 from mpa_jax.rollout.server.batcher import Batcher
+from mpa_jax.rollout.server.guard import Admission, Guard, Limits
 from mpa_jax.rollout.server.slot_batcher import SlotBatcher
 from mpa_jax.rollout.slots import slot_support
 from mpa_jax.rollout.server.protocol import (
@@ -95,6 +105,9 @@ def create_app(
     slot_len: int = 1024,
     slot_chunk: int = 8,
     tokenizer_path: str | None = None,
+    context: ContextFormat | None = None,
+    api_key: str = "",
+    limits: Limits | None = None,
 ) -> Any:
     """The FastAPI app serving `engine` (and `tokenizer` for text, chat and completion endpoints).
 
@@ -105,13 +118,19 @@ def create_app(
     `slot_len`: tokens per slot (prompt bucket + max_tokens; longer requests run as whole engine calls
     between chunks); `slot_chunk`: decode steps per chunk (admission and streaming granularity).
     `tokenizer_path`: where the tokenizer was loaded from (reported by `/server_info`); default: the
-    model path when a tokenizer is given.
+    model path when a tokenizer is given. `context`: the checkpoint's context format (how client tools
+    are rendered, `server.render`; default json with reasoning). `api_key` (non-empty: required as
+    `Authorization: Bearer` on every route but /health) and `limits` (body, prompt, admission; None: no
+    limits) are enforced by `server.guard`.
     """
+    fmt = context or ContextFormat()
     if batcher not in ("auto", "slots", "call"):
         raise ValueError(f"create_app: batcher must be auto, slots or call, got {batcher!r}")
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    from mpa_jax.rollout.server.guard import error_body
 
     current: Any = None  # the Batcher or SlotBatcher, created on first use
 
@@ -125,6 +144,10 @@ def create_app(
             current.close()
 
     app = FastAPI(title="mpa serve", version="0.2.0", lifespan=lifespan)
+    unbounded = 1 << 62
+    limits = limits or Limits(unbounded, unbounded, unbounded, unbounded, unbounded)
+    app.state.admission = Admission(limits.max_concurrent_requests, limits.max_queued_requests)
+    app.add_middleware(Guard, api_key=api_key, limits=limits, admission=app.state.admission)
     state = {"model_path": model_path}
     load = _Load()  # rows and tokens of the requests being answered (`/get_load`)
     default_stop = list(getattr(tokenizer, "eos_token_ids", []) or [])
@@ -145,11 +168,7 @@ def create_app(
     app.state.get_batcher = get_batcher
 
     def error(status: int, message: str, field: str | None = None) -> JSONResponse:
-        err: dict[str, Any] = {"message": message, "type": "invalid_request_error" if status == 400 else "server_error",
-                               "code": status, "param": field}
-        if field is not None:
-            err["field"] = field
-        return JSONResponse({"error": err}, status_code=status)
+        return Response(error_body(status, message, field), status_code=status, media_type="application/json")
 
     async def json_body(request: Request) -> dict[str, Any]:
         try:
@@ -162,7 +181,7 @@ def create_app(
 
     @app.exception_handler(RequestError)
     async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
-        return error(400, f"{exc.field}: {exc.message}", exc.field)
+        return error(exc.status, f"{exc.field}: {exc.message}", exc.field)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -182,8 +201,14 @@ def create_app(
     def decode(ids: list[int]) -> str | None:
         return tokenizer.decode(ids) if tokenizer is not None else None
 
+    def check_chars(n: int, where: str) -> None:
+        if n > limits.max_prompt_chars:
+            raise RequestError(where, f"the prompt is {n} characters, more than serve.max_prompt_chars ({limits.max_prompt_chars})")
+
     def check_prompt(p: list[int], max_new: int, where: str, max_field: str) -> None:
         vocab, max_pos = _vocab_limit(engine, tokenizer), _max_positions(engine)
+        if len(p) > limits.max_prompt_tokens:
+            raise RequestError(where, f"the prompt is {len(p)} tokens, more than serve.max_prompt_tokens ({limits.max_prompt_tokens})")
         bad = next((t for t in p if t >= vocab), None)
         if bad is not None:
             raise RequestError(where, f"token id {bad} outside the vocabulary (size {vocab})")
@@ -317,7 +342,8 @@ def create_app(
         body = await json_body(request)
         if body.get("stream"):
             raise RequestError("stream", "streaming is not supported on /generate; use the OpenAI endpoints")
-        prompts, batch = prompt_list(body, tokenizer)
+        check_chars(_chars(body.get("text")), "text")
+        prompts, batch = await asyncio.to_thread(prompt_list, body, tokenizer)
         sp = body.get("sampling_params")
         if isinstance(sp, list):
             if len(sp) != len(prompts):
@@ -358,8 +384,10 @@ def create_app(
 
         body = await json_body(request)
         req, messages = parse_chat_request(body, tokenizer, default_max_new_tokens, chat_stop, served_model_name)
-        try:
-            prompt = tk.generation_prompt_ids(tokenizer, messages, req.tools)
+        check_chars(_chars(messages) + _chars(req.tools), "messages")
+        forced, prefix = render.forced_opening(tokenizer, req.tool_choice, fmt, req.tools)
+        try:  # off the event loop: a long prompt does not hold up the other requests
+            prompt = await asyncio.to_thread(render.chat_prompt, tokenizer, messages, req.tools, fmt, forced, req.template_kwargs)
         except Exception as e:  # noqa: BLE001 - template errors name the message at fault
             raise RequestError("messages", f"cannot render the chat: {e}") from None
         max_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -371,13 +399,13 @@ def create_app(
             stream = await start([prompt], req.params, req.n, req.seed, req.logprobs or 0, updates=True)
             events = oa.chat_events(tokenizer, stream, req.stop, req.tools, rid=rid, model=req.model,
                                     fingerprint=fingerprint, top_n=req.logprobs, prompt_tokens=len(prompt),
-                                    include_usage=req.include_usage)
+                                    include_usage=req.include_usage, prefix=prefix, parallel=req.parallel_tool_calls)
             return StreamingResponse(load.tracked(events, rows, tokens), media_type="text/event-stream")
         with load.track(rows, tokens):
             stream = await start([prompt], req.params, req.n, req.seed, req.logprobs or 0, updates=bool(req.stop))
             results = await results_of(stream, req.stop)
         outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
-        shaped = [oa.chat_message(tokenizer, o, req.tools) for o in outs]
+        shaped = [oa.chat_message(tokenizer, o, req.tools, prefix, req.parallel_tool_calls) for o in outs]
         use = oa.usage(len(prompt), sum(o.completion_tokens for o in outs))
         choices = [
             {"index": i, "message": msg, "finish_reason": finish,
@@ -392,7 +420,8 @@ def create_app(
     async def completions(request: Request) -> Any:
         need_tokenizer("completions")
         body = await json_body(request)
-        req: OpenAIRequest = parse_completion_request(body, tokenizer, default_stop, served_model_name)
+        check_chars(_chars(body.get("prompt")), "prompt")
+        req: OpenAIRequest = await asyncio.to_thread(parse_completion_request, body, tokenizer, default_stop, served_model_name)
         max_field = "max_tokens"
         for i, p in enumerate(req.prompts):
             check_prompt(p, req.params.max_new_tokens, f"prompt[{i}]" if len(req.prompts) > 1 else "prompt", max_field)
@@ -447,6 +476,17 @@ class _Load:
         with self.track(rows, tokens):
             async for event in events:
                 yield event
+
+
+def _chars(obj: Any) -> int:
+    """Characters of the text in a request part (strings in nested lists and dicts; ids count 1 each)."""
+    if isinstance(obj, str):
+        return len(obj)
+    if isinstance(obj, dict):
+        return sum(_chars(v) for v in obj.values())
+    if isinstance(obj, list):
+        return sum(_chars(v) if isinstance(v, (str, list, dict)) else 1 for v in obj)
+    return 0
 
 
 def _vocab_limit(engine: Any, tokenizer: Any) -> int:

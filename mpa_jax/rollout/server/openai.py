@@ -134,24 +134,51 @@ def completion_logprobs(tokenizer: Any, out: Output, top_n: int, lo: int = 0, hi
     return {"tokens": tokens, "token_logprobs": out.logprobs[lo:hi], "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_message(tokenizer: Any, out: Output, tools: Any) -> tuple[dict[str, Any], str]:
-    """(assistant message, finish_reason): tool calls parsed when tools were given; unparsable output verbatim."""
+def offered_names(tools: Any) -> set[str]:
+    """Names of the function tools a request offers."""
+    return {t["function"]["name"] for t in tools or []}
+
+
+def _call_dict(c: Any) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+
+
+def _without_reasoning(text: str) -> str:
+    """`text` with its `<think>...</think>` block (or the part before a lone `</think>`) removed, stripped."""
+    from mpa_jax.tokenizer.toolcall import THINK_CLOSE, THINK_OPEN
+
+    close = text.find(THINK_CLOSE)
+    if close >= 0:
+        open_ = text.find(THINK_OPEN, 0, close)
+        return ((text[:open_] if open_ >= 0 else "") + text[close + len(THINK_CLOSE):]).strip()
+    return text.strip()
+
+
+def chat_message(tokenizer: Any, out: Output, tools: Any, prefix: str = "", parallel: bool = True) -> tuple[dict[str, Any], str]:
+    """(assistant message, finish_reason) of one choice; `prefix` is the forced opening of the turn
+    (prepended before parsing).
+
+    Reasoning (`<think>...</think>`) goes to `reasoning_content` (omitted when empty), never into
+    `content`. Tool calls become `tool_calls` only when tools were offered, the text parses cleanly and
+    every call names an offered tool; otherwise the text (without its reasoning) is the content, as
+    SGLang and vLLM answer when their tool parser fails. `parallel=False` keeps the first call.
+    """
     from mpa_jax import tokenizer as tk
 
-    parsed = tk.parse_tool_calls(out.text)
+    text = prefix + out.text
+    parsed = tk.parse_tool_calls(text)
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
-    if parsed.reasoning is not None:
+    if parsed.reasoning:
         message["reasoning_content"] = parsed.reasoning
     finish = out.finish_reason
-    if parsed.calls and tools and not parsed.errors:
-        message["tool_calls"] = [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-            for c in parsed.calls
-        ]
+    names = offered_names(tools)
+    if parsed.calls and not parsed.errors and all(c.name in names for c in parsed.calls):
+        calls = parsed.calls if parallel else parsed.calls[:1]
+        message["tool_calls"] = [_call_dict(c) for c in calls]
         finish = "tool_calls"
-    elif parsed.errors or (parsed.calls and not tools):
-        message = {"role": "assistant", "content": out.text}  # what the model wrote, as SGLang does
+    elif parsed.errors or parsed.calls:
+        message["content"] = _without_reasoning(text) or None  # what the model wrote, as SGLang does
     return message, finish
 
 
@@ -161,6 +188,19 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _content_so_far(text: str) -> str:
+    """The part of a chat choice's text that is content for sure so far: reasoning removed (an open
+    `<think>` holds everything after it), cut at the first `<` (a tag may start there), stripped."""
+    from mpa_jax.tokenizer.toolcall import THINK_CLOSE, THINK_OPEN
+
+    close = text.find(THINK_CLOSE)
+    if close >= 0:
+        open_ = text.find(THINK_OPEN, 0, close)
+        text = (text[:open_] if open_ >= 0 else "") + text[close + len(THINK_CLOSE):]
+    lt = text.find("<")
+    return (text if lt < 0 else text[:lt]).strip()
 
 
 class ChoiceStream:
@@ -174,8 +214,11 @@ class ChoiceStream:
     concatenated deltas equal the non-streamed answer. Log-probs go out with the tokens whose text is sent.
     """
 
-    def __init__(self, tokenizer: Any, stops: list[str], chat: bool, top_n: int | None, tools: Any = None) -> None:
+    def __init__(self, tokenizer: Any, stops: list[str], chat: bool, top_n: int | None, tools: Any = None,
+                 prefix: str = "", parallel: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.parallel = parallel
+        self.prefix = prefix  # forced opening of the turn: part of the text, not of the generated tokens
         self.stops = [s for s in stops if s]
         self.chat = chat
         self.top_n = top_n
@@ -183,7 +226,7 @@ class ChoiceStream:
         self.lps: list[float] = []
         self.tops: list[list[tuple[int, float]]] = []
         self.ends: list[int] = []  # text length after each token
-        self.text = ""
+        self.text = prefix
         self.sent = ""
         self.lp_sent = 0
         self.hit_stop = False  # a stop string is in the text: the producer may stop this choice
@@ -204,21 +247,21 @@ class ChoiceStream:
             self.lps.append(float(lps[k]))
             if tops is not None:
                 self.tops.append(list(tops[k]))
-            text = self.tokenizer.decode(self.ids)
+            text = self.prefix + self.tokenizer.decode(self.ids)
             if not text.endswith("\ufffd") and text.startswith(self.text):  # a partial UTF-8 character waits
                 self.text = text
             self.ends.append(len(self.text))
         raw = self.text
-        cut = min((i for i in (raw.find(s) for s in self.stops) if i >= 0), default=-1)
+        gen = raw[len(self.prefix):]  # stop strings match generated text only
+        cut = min((i for i in (gen.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
             self.hit_stop = True
             return "", None, []
-        hold = max((k for s in self.stops for k in range(1, len(s)) if raw.endswith(s[:k])), default=0)
+        hold = max((k for s in self.stops for k in range(1, len(s)) if gen.endswith(s[:k])), default=0)
         visible = raw[: len(raw) - hold]
         candidate = visible
         if self.chat:
-            lt = candidate.find("<")
-            candidate = (candidate if lt < 0 else candidate[:lt]).strip()
+            candidate = _content_so_far(candidate)
         delta = ""
         if candidate.startswith(self.sent) and len(candidate) > len(self.sent):
             delta = candidate[len(self.sent):]
@@ -245,9 +288,12 @@ class ChoiceStream:
         parsed = tk.parse_tool_calls(visible[: visible.rfind(CALL_CLOSE) + len(CALL_CLOSE)])
         if parsed.errors or len(parsed.calls) <= len(self.calls_sent):
             return []
-        new = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-               for c in parsed.calls[len(self.calls_sent):]]
+        if any(c.name not in offered_names(self.tools) for c in parsed.calls):
+            return []  # the final answer will be text (a call to a tool not offered)
+        keep = parsed.calls if self.parallel else parsed.calls[:1]
+        new = [_call_dict(c) for c in keep[len(self.calls_sent):]]
+        if not new:
+            return []
         self.calls_sent.extend(new)
         return new
 
@@ -273,12 +319,13 @@ class ChoiceStream:
 
 
 async def chat_events(tokenizer: Any, stream: Any, stops: list[str], tools: Any, *, rid: str, model: str,
-                      fingerprint: str, top_n: int | None, prompt_tokens: int, include_usage: bool) -> AsyncIterator[str]:
+                      fingerprint: str, top_n: int | None, prompt_tokens: int, include_usage: bool,
+                      prefix: str = "", parallel: bool = True) -> AsyncIterator[str]:
     """The `chat.completion.chunk` events of a `RowStream` (one row per choice) as tokens are decoded:
     content deltas, then at each choice's end its reasoning, tool-call deltas and finish reason;
     usage when asked; `[DONE]`. Stops the producer's rows early on a stop string or a closed client."""
     created = int(time.time())
-    choices = [ChoiceStream(tokenizer, stops, True, top_n, tools) for _ in range(stream.n_rows)]
+    choices = [ChoiceStream(tokenizer, stops, True, top_n, tools, prefix, parallel) for _ in range(stream.n_rows)]
     total = 0
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
@@ -309,7 +356,7 @@ async def chat_events(tokenizer: Any, stream: Any, stops: list[str], tools: Any,
                 continue
             out = shape_output(tokenizer, upd.result, stops)
             total += out.completion_tokens
-            msg, finish = chat_message(tokenizer, out, tools)
+            msg, finish = chat_message(tokenizer, out, tools, prefix, parallel)
             if ch.calls_sent and finish != "tool_calls":
                 finish = "tool_calls"  # calls already sent stand (a later part of the text did not parse)
             delta, lp = ch.rest(out, msg.get("content") or "")

@@ -11,6 +11,7 @@ import json
 import math
 from typing import Any, Sequence
 
+from mpa_jax.rollout.server.render import ToolChoice
 from mpa_jax.rollout.types import SamplingParams
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -20,12 +21,14 @@ MAX_STOP = 4  # stop strings per request (OpenAI's limit)
 
 
 class RequestError(ValueError):
-    """A bad request: `field` names the offending JSON field."""
+    """A bad request: `field` names the offending JSON field; `status` is the HTTP status (400, or 404 for
+    an unknown model)."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, status: int = 400) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.status = status
 
 
 def _show(value: Any) -> str:
@@ -158,18 +161,30 @@ class OpenAIRequest:
     model: str
     tools: list[dict[str, Any]] | None = None
     echo: bool = False
+    tool_choice: ToolChoice = dataclasses.field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 # Options accepted only at their neutral value (anything else is a 400 naming them).
 _OPENAI_NEUTRAL: dict[str, Any] = {
-    "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "best_of": 1, "suffix": None,
-    "echo": False, "response_format": {"type": "text"}, "service_tier": "auto", "store": False,
-    "modalities": ["text"], "audio": None, "prediction": None, "reasoning_effort": None,
-    "web_search_options": None, "metadata": None, "functions": None, "function_call": None,
+    "logit_bias": None, "best_of": 1, "suffix": None, "echo": False, "response_format": {"type": "text"},
+    "modalities": ["text"], "audio": None, "prediction": None, "web_search_options": None, "functions": None,
+    "function_call": None,
+}
+# Fields real clients send that change nothing a local server does, accepted (type-checked) and ignored
+# as vLLM and SGLang do: bookkeeping (metadata, store, user, service_tier, prompt caching, safety id),
+# hints for hosted reasoning models (reasoning_effort, verbosity), and the repetition penalties, which
+# the engine's sampler does not implement (docs/serving.md says so).
+_IGNORED: dict[str, tuple[type, ...]] = {
+    "metadata": (dict,), "store": (bool,), "user": (str,), "service_tier": (str,), "reasoning_effort": (str,),
+    "verbosity": (str,), "prompt_cache_key": (str,), "prompt_cache_retention": (str,), "prompt_cache_options": (dict,),
+    "safety_identifier": (str,), "frequency_penalty": (int, float), "presence_penalty": (int, float),
 }
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop", "seed",
-           "logprobs", "user", *_OPENAI_NEUTRAL}
-_CHAT_KEYS = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", "max_completion_tokens"}
+           "logprobs", *_OPENAI_NEUTRAL, *_IGNORED}
+_CHAT_KEYS = _COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", "max_completion_tokens",
+                        "chat_template_kwargs"}
 _COMPLETION_KEYS = _COMMON | {"prompt"}
 
 
@@ -177,12 +192,18 @@ def _neutral(body: dict[str, Any], allowed: set[str]) -> None:
     for key, value in body.items():
         if key not in allowed:
             raise RequestError(key, "not supported by this server")
+    for key, types in _IGNORED.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if key in ("frequency_penalty", "presence_penalty"):
+            as_float(value, key, -2.0, 2.0)
+        elif isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            raise RequestError(key, f"expected {' or '.join(t.__name__ for t in types)}, got {_show(value)}")
     for key, neutral in _OPENAI_NEUTRAL.items():
         value = body.get(key)
         if value is None or value == neutral or (key == "logit_bias" and value == {}):
             continue
-        if key in ("frequency_penalty", "presence_penalty"):
-            as_float(value, key, -2.0, 2.0)
         raise RequestError(key, f"not supported by this server (only {json.dumps(neutral)})")
 
 
@@ -224,26 +245,46 @@ def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
     if opts is not None:
         if not stream:
             raise RequestError("stream_options", "only allowed with stream=true")
-        if not isinstance(opts, dict) or any(k not in ("include_usage",) for k in opts):
+        if not isinstance(opts, dict) or any(k not in ("include_usage", "continuous_usage_stats", "include_obfuscation") for k in opts):
             raise RequestError("stream_options", "only {\"include_usage\": bool} is supported")
         include_usage = as_bool(opts.get("include_usage", False), "stream_options.include_usage")
     return stream, include_usage
 
 
-def parse_chat_request(body: dict[str, Any], tokenizer: Any, default_max_tokens: int, stop_ids: Sequence[int],
+def parse_tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> ToolChoice:
+    """`tool_choice`: "auto" | "none" | "required" | {"type": "function", "function": {"name": N}} (N offered)."""
+    if raw is None or raw == "auto":
+        return ToolChoice("auto")
+    if raw == "none":
+        return ToolChoice("none")
+    if raw == "required":
+        if not tools:
+            raise RequestError("tool_choice", "'required' needs tools")
+        return ToolChoice("required")
+    if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("function"), dict):
+        name = raw["function"].get("name")
+        offered = [t["function"]["name"] for t in tools or []]
+        if not isinstance(name, str) or name not in offered:
+            raise RequestError("tool_choice", f"function {_show(name)} is not among the tools offered ({', '.join(offered) or 'none'})")
+        return ToolChoice("function", name)
+    raise RequestError("tool_choice", "expected 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+
+
+def parse_chat_request(body: dict[str, Any], tokenizer: Any, default_max_new_tokens: int, stop_ids: Sequence[int],
                        served_model: str) -> tuple[OpenAIRequest, list[dict[str, Any]]]:
     """Validate a chat completion body; returns the request (prompt not yet rendered) and the messages."""
     _neutral(body, _CHAT_KEYS)
+    model = _model(body, served_model)
     messages = chat_messages(body.get("messages"))
     tools = chat_tools(body.get("tools"))
-    choice = body.get("tool_choice", "auto")
-    if choice not in ("auto", "none", None):
-        raise RequestError("tool_choice", "only 'auto' and 'none' are supported")
-    if choice == "none":
+    choice = parse_tool_choice(body.get("tool_choice"), tools)
+    if choice.mode == "none":
         tools = None
-    if body.get("parallel_tool_calls") is not None:
-        as_bool(body["parallel_tool_calls"], "parallel_tool_calls")
-    params, n, seed, stops = _sampling(body, default_max_tokens, stop_ids)
+    parallel = as_bool(body["parallel_tool_calls"], "parallel_tool_calls") if body.get("parallel_tool_calls") is not None else True
+    template_kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(template_kwargs, dict) or any(not isinstance(k, str) for k in template_kwargs):
+        raise RequestError("chat_template_kwargs", "expected an object (e.g. {\"enable_thinking\": false})")
+    params, n, seed, stops = _sampling(body, default_max_new_tokens, stop_ids)
     stream, include_usage = _stream_flags(body)
     logprobs: int | None = None
     if body.get("logprobs") is not None and as_bool(body["logprobs"], "logprobs"):
@@ -253,14 +294,15 @@ def parse_chat_request(body: dict[str, Any], tokenizer: Any, default_max_tokens:
         if logprobs is None:
             raise RequestError("top_logprobs", "requires logprobs=true")
         logprobs = top
-    model = _model(body, served_model)
-    return OpenAIRequest([], params, n, seed, stops, stream, include_usage, logprobs, model, tools), messages
+    return OpenAIRequest([], params, n, seed, stops, stream, include_usage, logprobs, model, tools, False, choice,
+                         parallel, dict(template_kwargs)), messages
 
 
 def parse_completion_request(body: dict[str, Any], tokenizer: Any, stop_ids: Sequence[int],
                              served_model: str) -> OpenAIRequest:
     """Validate a (legacy) completion body; prompts are a string, strings, token ids or lists of ids."""
     _neutral(body, _COMPLETION_KEYS)
+    model = _model(body, served_model)
     raw = body.get("prompt")
     if isinstance(raw, str):
         rows: list[Any] = [raw]
@@ -286,16 +328,19 @@ def parse_completion_request(body: dict[str, Any], tokenizer: Any, stop_ids: Seq
     logprobs = None
     if body.get("logprobs") is not None:
         logprobs = as_int(body["logprobs"], "logprobs", 0, 5)
-    return OpenAIRequest(prompts, params, n, seed, stops, stream, include_usage, logprobs, _model(body, served_model))
+    return OpenAIRequest(prompts, params, n, seed, stops, stream, include_usage, logprobs, model)
 
 
 def _model(body: dict[str, Any], served: str) -> str:
+    """The served model's name; a request naming another model is a 404 (as vLLM and SGLang answer)."""
     model = body.get("model")
-    if model is None:
+    if model is None or model == "":
         return served
     if not isinstance(model, str):
         raise RequestError("model", "expected a string")
-    return model or served
+    if model != served:
+        raise RequestError("model", f"model {_show(model)} not found; this server serves {_show(served)}", status=404)
+    return model
 
 
 def chat_messages(raw: Any) -> list[dict[str, Any]]:

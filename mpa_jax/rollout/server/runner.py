@@ -47,9 +47,24 @@ class ServerThread:
 
 
 def serve_forever(app: Any, host: str, port: int, on_start: Callable[[str], None] | None = None) -> None:
-    """Run uvicorn in the foreground until interrupted."""
+    """Run uvicorn in the foreground until interrupted. The socket is bound here first, so that
+    `on_start` gets the real address (with `port=0`, the port the system picked)."""
+    import socket
+
     import uvicorn
 
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot bind {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    real = sock.getsockname()[1]
     if on_start is not None:
-        on_start(f"http://{host}:{port}")
-    uvicorn.run(app, host=host, port=port, log_level="info")
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        on_start(f"http://{shown}:{real}")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=real, log_level="info", lifespan="on"))
+    server.run(sockets=[sock])

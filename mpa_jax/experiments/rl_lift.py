@@ -29,10 +29,10 @@ import numpy as np
 
 
 def _arm_config(config: Any, algo: str, seed: int) -> Any:
+    """An arm's config: `rl.algo` and the seed change, nothing else. The vanilla arm keeps the lambda schedule (its
+    advantages ignore it) because the matched-arms rule keeps a group by CARE's reward or vanilla's in both arms."""
     cfg = copy.deepcopy(config)
     cfg.rl.algo, cfg.seed = algo, seed
-    if algo == "vanilla":
-        cfg.rl.lambda_max, cfg.rl.beta = 0.0, 0.0
     return cfg
 
 

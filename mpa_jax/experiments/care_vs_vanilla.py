@@ -6,7 +6,8 @@ Without `init`, the starting checkpoint is made here: oracle demonstrations of t
 `config.rl.templates` -> `run_sft` -> an exported HF directory (`<workdir>/sft/hf`), so that the
 policy starts with non-zero success on exactly the tasks RL trains on. Each arm is a `run_rl` into
 `<workdir>/<algo>-s<seed>`; a seed fixes the task order and sampling seeds, so arms with the same
-seed see the same tasks in the same order (a paired comparison). Writes `summary.json`,
+seed see the same tasks in the same order (a paired comparison); the arms differ in `rl.algo` only (the vanilla
+arm keeps the config's lambda schedule, which it ignores, so that both keep the same groups: `rl/care.py`). Writes `summary.json`,
 `care_vs_vanilla.png` (success and mean output tokens per step, mean over seeds with each seed
 faint) and `table.md` (final-step values) into `workdir`.
 """
@@ -26,7 +27,7 @@ def make_sft_start(config: Any, workdir: str, progress: bool = True) -> str:
     """Oracle trajectories on the RL templates' train tasks + SFT + export; returns the HF directory."""
     from mpa_jax.data import oracle_dataset
     from mpa_jax.envs.contract import write_jsonl
-    from mpa_jax.rl.rollouts import split_tasks
+    from mpa_jax.rl.tasks import split_tasks
     from mpa_jax.sft import run_sft
 
     sft_dir = os.path.join(workdir, "sft")
@@ -35,7 +36,7 @@ def make_sft_start(config: Any, workdir: str, progress: bool = True) -> str:
         return hf
     os.makedirs(sft_dir, exist_ok=True)
     tasks_path = os.path.join(sft_dir, "rl-train-tasks.jsonl")
-    write_jsonl(tasks_path, split_tasks(config))
+    write_jsonl(tasks_path, split_tasks(str(config.rl.split), str(config.rl.templates), config.tasks))
     data, _, _ = oracle_dataset(config, sft_dir, split=tasks_path, max_tasks=0, progress=progress)
     cfg = copy.deepcopy(config)
     cfg.sft.export, cfg.sft.export_dtype = True, "float32"
