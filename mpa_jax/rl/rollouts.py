@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-KINDS = ("sandbox", "simulated", "adb")
+KINDS = ("sandbox", "simulated", "adb", "bfcl", "agentdojo")  # bfcl/agentdojo: their train split (envs.base.kind_tasks)
 FRESH_SEED_BASE = 5_000_000  # instance seeds of selected RL tasks: above every split's (test < 2,000,000 + 100,000 x tasks.seed + 50,000)
 SPLIT_KINDS = ("sandbox", "adb")  # kinds that run the benchmark's tasks (the device executes the sandbox's tools)
 
@@ -232,6 +232,10 @@ class TaskSource:
                 from mpa_jax.envs.simulated import simulated_tasks
 
                 by_kind[kind] = simulated_tasks(int(config.rl.simulated_tasks), seed=self.seed)
+            elif kind in ("bfcl", "agentdojo"):
+                from mpa_jax.envs.base import kind_tasks
+
+                by_kind[kind] = kind_tasks(kind, config, "train")
             else:
                 by_kind[kind] = split
         # the sandbox cursor keeps the seed of a sandbox-only run: a single-kind run draws as it always did
