@@ -117,3 +117,18 @@ def kind_tasks(kind: str, config: Any, split: str) -> list[Task]:
         return env.tasks(split)
     finally:
         env.close()
+
+
+def kind_split_file(kind: str, config: Any, split: str, workdir: str) -> str:
+    """`split` of a benchmark kind as a task JSONL under `workdir` (what `mpa oracle`/`mpa eval --env KIND` read):
+    `<workdir>/tasks-<kind>-<split>.jsonl`. A `split` that is already a file is returned as it is."""
+    import os
+
+    from mpa_jax.envs.contract import write_jsonl
+
+    if os.path.isfile(split):
+        return split
+    path = os.path.join(workdir, f"tasks-{kind}-{split}.jsonl")
+    os.makedirs(workdir, exist_ok=True)
+    write_jsonl(path, kind_tasks(kind, config, split))  # type: ignore[arg-type]
+    return path

@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, nargs="+", default=None,
                         help="sampling temperatures of --samples (default: config.rollout.temperature)")
     parser.add_argument("--out", default=None, help="output directory for eval.json and the rollouts")
+    parser.add_argument("--env", default=None, choices=("bfcl", "agentdojo"),
+                        help="an external benchmark's tasks of --split instead of the sandbox's (per-category accuracy)")
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
@@ -52,7 +54,12 @@ def run(args: argparse.Namespace, config: Any) -> int:
     split = args.split or str(config.eval.split)
     try:
         tasks = None
-        if args.seen or args.held_out:
+        if args.env:  # an external benchmark: its own split's tasks, stratified like the sandbox's
+            from mpa_jax.envs.base import kind_tasks
+            from mpa_jax.eval.tasks import stratified
+
+            tasks = stratified(kind_tasks(args.env, config, split), int(config.eval.max_tasks if args.max_tasks is None else args.max_tasks))
+        elif args.seen or args.held_out:
             tasks = select_tasks(split, n_seen=args.seen, n_held_out=args.held_out, seed=int(config.tasks.seed),
                                  per_template=int(config.tasks.per_template))
         if args.samples:
