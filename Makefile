@@ -23,10 +23,12 @@ $(VENV)/.stamp-test: setup.py $(VENV)/.stamp-core
 	touch $@
 
 # External benchmarks run as env kinds (docs/benchmark.md). bfcl-eval is installed without its declared
-# dependencies (they pin numpy==1.26.4 and pull vendor SDKs); its backends and checker need only these two.
+# dependencies (they pin numpy==1.26.4 and pull vendor SDKs); its backends and checker need only filelock and
+# mpmath. agentdojo comes with its dependencies: its task-suite module imports its agent pipeline package,
+# which imports the vendor SDKs (pure-Python clients; never called here).
 $(VENV)/.stamp-bench: Makefile $(VENV)/.stamp-core
 	$(BIN)/pip install -q --no-deps bfcl-eval==2026.3.23
-	$(BIN)/pip install -q filelock mpmath
+	$(BIN)/pip install -q filelock mpmath agentdojo==0.1.35
 	touch $@
 
 install: $(VENV)/.stamp-core

@@ -310,6 +310,9 @@ def get_config() -> ml_collections.ConfigDict:
     # scratch folder (BFCL_PROJECT_ROOT; "" = <tmp>/mpa-bfcl). Its backends are in-process Python: inline.
     c.envs.bfcl = ml_collections.ConfigDict({"project_root": "", "split_seed": 0, "test_scenarios": 40,
                                              "dev_scenarios": 20, "concurrency": 0, "timeout_s": 60.0})
+    # AgentDojo: its suites' user tasks, split per suite by user task (test_fraction test, dev_fraction dev).
+    c.envs.agentdojo = ml_collections.ConfigDict({"benchmark_version": "v1.2.2", "split_seed": 0, "test_fraction": 0.3,
+                                                  "dev_fraction": 0.1, "concurrency": 0, "timeout_s": 60.0})
     # Long-history memory (harness/memory; `mpa memory suite|eval`).
     c.memory = ml_collections.ConfigDict()
     c.memory.seed = 0  # suite generator seed
