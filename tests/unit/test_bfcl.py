@@ -181,3 +181,15 @@ def test_kind_tasks_and_the_env_route_by_task(all_tasks):
     tasks = kind_tasks("bfcl", cfg, "test")
     assert {t.metadata["env"] for t in tasks} == {"bfcl"} and {t.split for t in tasks} == {"test"}
     json.loads(tasks[0].to_json())  # a task JSONL (`mpa eval --split FILE`) keeps them
+
+
+def test_rl_mixture_draws_bfcl_train_tasks():
+    from configs.tiny import get_config
+    from mpa_jax.rl.rollouts import TaskSource
+
+    cfg = get_config()
+    cfg.envs.mixture = {"sandbox": 0.0, "simulated": 0.0, "adb": 0.0, "bfcl": 1.0}
+    cfg.rl.selection = "cursor"
+    draws = TaskSource(cfg).draw(step=0, n=6)
+    assert [k for k, _ in draws] == ["bfcl"] * 6
+    assert {t.split for _, t in draws} == {"train"} and all(t.metadata["env"] == "bfcl" for _, t in draws)
