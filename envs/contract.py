@@ -4,9 +4,12 @@ Plain, JSON-serialisable, versioned dataclasses. No jax, no numpy: this module r
 and devices. Every class has `to_dict()` / `from_dict()`; `from_dict` ignores nothing silently:
 unknown keys raise `ContractError` naming the key, so a producer/consumer version skew is loud.
 
-Versions: 1 = single-request episodes; 2 adds conversations (`Feedback.user_turn`: the env answers the
-planner's text reply with the user's next message, and the episode goes on until a reply gets none) and
-the categories of external benchmarks (`BENCHMARK_CATEGORIES`). Version-1 data reads unchanged.
+Versions: a record is version 1 (`SCHEMA_VERSION`) unless it uses a later feature. Version 2
+(`CONVERSATION_VERSION`) adds conversations: a Feedback with `user_turn` (the env answers the planner's text
+reply with the user's next message; the episode goes on until a reply gets none) is version 2 and its JSON
+carries the key; a Feedback without one writes exactly the version-1 JSON, so every pinned digest and cache
+of single-request data stays as it was. Tasks may also carry the categories of external benchmarks
+(`BENCHMARK_CATEGORIES`).
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import enum
 import json
 from typing import Any, Literal, Mapping, TypeVar
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 1
+CONVERSATION_VERSION = 2  # Feedback.user_turn
 
 DOMAINS: tuple[str, ...] = (
     "communication",
@@ -251,6 +255,16 @@ class Feedback(_Record):
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def __post_init__(self) -> None:
+        if self.user_turn and self.schema_version < CONVERSATION_VERSION:
+            self.schema_version = CONVERSATION_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if not self.user_turn:  # version-1 bytes for single-request data
+            d.pop("user_turn")
+        return d
 
     @property
     def conversation_over(self) -> bool:

@@ -14,7 +14,7 @@ import pytest
 
 from mpa_jax import tokenizer as tk
 from mpa_jax.envs.contract import (
-    SCHEMA_VERSION, Action, ContractError, ErrorCode, Feedback, Task, ToolSpec, Trajectory, Verification,
+    CONVERSATION_VERSION, SCHEMA_VERSION, Action, ContractError, ErrorCode, Feedback, Task, ToolSpec, Trajectory, Verification,
 )
 from mpa_jax.envs.oracle import run_oracle_episode
 from mpa_jax.harness.episode import Episode, Reply
@@ -80,10 +80,12 @@ def _gold_replies() -> list[str]:
 
 def test_feedback_user_turn_round_trips_and_version_1_data_reads():
     fb = Feedback.next_user_turn("and then?", "call_1_0")
-    assert not fb.conversation_over and Feedback.from_json(fb.to_json()) == fb and fb.schema_version == SCHEMA_VERSION == 2
+    assert not fb.conversation_over and Feedback.from_json(fb.to_json()) == fb
+    assert fb.schema_version == CONVERSATION_VERSION == 2 and SCHEMA_VERSION == 1
     v1 = {"call_id": "c", "status": "ok", "error_code": None, "message": "", "hint": "", "result": None, "cost": {},
           "schema_version": 1}
     assert Feedback.from_dict(v1).conversation_over
+    assert Feedback.from_dict(v1).to_dict() == v1  # single-request feedback writes version-1 JSON, byte for byte
     assert Feedback.error(ErrorCode.INVALID_ARGUMENTS, "x").conversation_over  # an error never carries a next turn
     with pytest.raises(ContractError, match="empty"):
         Feedback.next_user_turn("")

@@ -38,7 +38,7 @@ def test_round_trip_of_every_record():
         again = type(obj).from_json(obj.to_json())
         assert again == obj
         assert again.to_json() == obj.to_json()
-    assert json.loads(_task().to_json())["schema_version"] == 2  # version 2: conversations (Feedback.user_turn)
+    assert json.loads(_task().to_json())["schema_version"] == 1
 
 
 def test_bad_records_name_the_problem():
