@@ -75,7 +75,8 @@ def replay(tok, kind: str, tasks, batch: int):
             task = next(t for ins, t in by_text.items() if ins in text)
             return texts(task)[text.count("<|im_start|>assistant") - 1]
 
-        cfg = EpisodeConfig(max_turns=40, max_new_tokens=2048, max_total_tokens=400_000, batch_size=batch)
+        # a gold turn can be long (a BFCL long_context tweet quotes ~4,000 characters): turns are never cut here
+        cfg = EpisodeConfig(max_turns=40, max_new_tokens=32_768, max_total_tokens=1_000_000, batch_size=batch)
         for t, traj in zip(now, run_episodes(ScriptedEngine(tok, script), tok, now, lambda: make_env(kind), cfg)):
             out[t.id] = traj
         pending = later
@@ -87,13 +88,15 @@ def main() -> int:
     ap.add_argument("--env", default="bfcl,agentdojo")
     ap.add_argument("--split", default="all")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--category", default="", help="only this task category (e.g. bfcl_long_context)")
+    ap.add_argument("--no-corrupt", action="store_true", help="the ground-truth replay only")
     args = ap.parse_args()
     tok = tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
     corruptions = {"bfcl": {"one call dropped": bfcl_drop, "one argument changed": bfcl_arg},
                    "agentdojo": {"last call dropped + answer replaced": agentdojo_corrupt}}
     for kind in args.env.split(","):
         env = make_env(kind)
-        tasks = env.tasks(args.split)
+        tasks = [t for t in env.tasks(args.split) if not args.category or t.category == args.category]
         env.close()
         t0 = time.perf_counter()
         trajs = replay(tok, kind, tasks, args.batch)
@@ -109,7 +112,7 @@ def main() -> int:
             print(f"  {cat:<24} {s}/{n}")
         row = {"bench": "external_replay", "env": kind, "split": args.split, "tasks": len(tasks), "replay_success": ok,
                "wall_s": round(wall, 1)}
-        for name, corrupt in corruptions[kind].items():
+        for name, corrupt in ({} if args.no_corrupt else corruptions[kind]).items():
             bad = replay(tok, kind, [corrupt(t) for t in tasks], args.batch)
             passed = [t.id for t, tr in zip(tasks, bad) if tr.verification.success]
             print(f"  corrupted ({name}): {len(tasks) - len(passed)}/{len(tasks)} fail; still passing: {passed}")
