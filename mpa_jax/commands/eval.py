@@ -3,7 +3,8 @@
 Writes `<out>/eval.json` (default out: `<workdir>/eval/<checkpoint name>`): Overall, per template group,
 per category and per domain success, partial score, pass@1, pass^k, mean output tokens, tool calls and cost
 per 1,000 tasks (input tokens, output tokens, tool calls and device seconds priced separately by
-`config.eval.prices`, and the output-tokens-only figure). Sandbox tasks only.
+`config.eval.prices`, and the output-tokens-only figure). Sandbox tasks, or with `--env bfcl|agentdojo` that
+external benchmark's split, scored by its own checker, per its categories (docs/benchmark.md).
 
 Tasks: `--max-tasks N` stratified tasks of the split, or `--seen N --held-out M` (N of templates seen in
 training, M of held-out templates). `--samples N` adds N sampled runs per task and prints greedy success
