@@ -72,7 +72,7 @@ def replay(tok, kind: str, tasks, batch: int):
 
         def script(prompt, _i, by_text=by_text):
             text = tok.decode(prompt)
-            task = next(t for ins, t in by_text.items() if ins in text)
+            task = next(t for ins, t in by_text.items() if f"<|im_start|>user\n{ins}<|im_end|>" in text)
             return texts(task)[text.count("<|im_start|>assistant") - 1]
 
         # a gold turn can be long (a BFCL long_context tweet quotes ~4,000 characters): turns are never cut here

@@ -70,7 +70,7 @@ def _corrupt(task):
 def _replay(tok, tasks):
     def script(prompt, _i):
         text = tok.decode(prompt)
-        task = next(t for t in tasks if t.instruction in text)
+        task = next(t for t in tasks if f"<|im_start|>user\n{t.instruction}<|im_end|>" in text)
         return _texts(task)[text.count("<|im_start|>assistant") - 1]
 
     cfg = EpisodeConfig(max_turns=30, max_new_tokens=1024, max_total_tokens=300_000, batch_size=4)

@@ -118,7 +118,7 @@ def _replay(tok, tasks, texts_of=_gold_texts):
 
     def script(prompt, _i):
         text = tok.decode(prompt)
-        task = next(t for t in tasks if t.instruction in text)
+        task = next(t for t in tasks if f"<|im_start|>user\n{t.instruction}<|im_end|>" in text)
         return texts_of(task)[text.count("<|im_start|>assistant") - 1]
 
     cfg = EpisodeConfig(max_turns=20, max_new_tokens=512, max_total_tokens=200_000, batch_size=4)
