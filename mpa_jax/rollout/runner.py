@@ -15,8 +15,9 @@ chat template; then, until the episode ends,
 
     generate -> append the sampled ids as sampled (mask 1, behaviour log-probs) -> turn them into a
     `harness.episode.Reply` -> the episode rules (`harness.episode.Episode`: parse error -> Feedback,
-    infra ends the episode, plain text is the answer) -> render the feedback turn(s) and the next
-    generation prompt and append them (mask 0) -> repeat.
+    infra ends the episode, plain text is the answer or, in a conversation, gets the user's next turn) ->
+    render the feedback turn(s) or the user turn with the chat template (a user message) and the next
+    generation prompt and append them (mask 0) -> repeat. `costs["user_turns"]` counts the user's follow-ups.
 
 What the token level adds to the rules (Trajectory.finish_reason):
 - "max_tokens": the episode reached `max_total_tokens` (the last turn is cut to fit, its closing
@@ -504,6 +505,7 @@ class _Run:
                 "input_tokens": float(ep.input_tokens),
                 "tool_calls": float(rules.tool_calls if rules is not None else 0),
                 "turns": float(rules.turns if rules is not None else 0),
+                "user_turns": float(rules.user_turns if rules is not None else 0),
                 "parse_errors": float(rules.parse_errors if rules is not None else 0),
                 "malformed_turns": float(sum(errors.values())),
                 "wall_s": time.perf_counter() - ep.t0,
