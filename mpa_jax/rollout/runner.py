@@ -167,7 +167,8 @@ class EpisodeRunner:
     def __init__(self, envs: EnvFactory | None = None, *, pool: EnvPool | None = None, harness: Any = None,
                  max_live: dict[str, int] | None = None) -> None:
         self.envs = envs or EnvFactory()
-        self.pool = pool if pool is not None else EnvPool({"sandbox": KindLimits(0, 30.0)})
+        # No pool given (tests, benches with their own env class): every kind inline; configs go through from_config.
+        self.pool = pool if pool is not None else EnvPool(default=KindLimits(0, 30.0))
         self.harness = harness
         self.max_live = {"adb": 1, **(max_live or {})}  # a device holds one episode at a time
 
@@ -553,7 +554,7 @@ def _malformed(out: GenerateResult, sampled: list[int], text: str, controls: dic
 def run_episodes(engine: Any, tokenizer: Any, tasks: Sequence[Task], make_env: Callable[[], Any], cfg: EpisodeConfig | None = None,
                  *, pool: EnvPool | None = None, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """One `EpisodeRunner.run` over envs from `make_env()` (a fresh one per episode), for callers that bring
-    their own env class (tests, benches); `pool` (default: the sandbox inline) sets the per-kind limits."""
+    their own env class (tests, benches); `pool` (default: every kind inline) sets the per-kind limits."""
     runner = EpisodeRunner(EnvFactory(make=lambda _kind: make_env()), pool=pool)
     try:
         return runner.run(engine, tokenizer, tasks, cfg, on_done=on_done)
