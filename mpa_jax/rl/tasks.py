@@ -35,9 +35,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mpa_jax.envs.base import ENV_KINDS
 from mpa_jax.rl.errors import RLSetupError
 
-KINDS = ("sandbox", "simulated", "adb", "bfcl", "agentdojo")  # bfcl/agentdojo: their train split (envs.base.kind_tasks)
 FRESH_SEED_BASE = 5_000_000  # instance seeds of selected RL tasks: above every split's (test < 2,000,000 + 100,000 x tasks.seed + 50,000)
 SPLIT_KINDS = ("sandbox", "adb")  # kinds that run the benchmark's tasks (the device executes the sandbox's tools)
 
@@ -195,8 +195,8 @@ def mixture_weights(envs: Any) -> dict[str, float]:
     mix = envs.mixture
     weights = {}
     for kind in mix.keys():
-        if kind not in KINDS:
-            raise RLSetupError(f"config.envs.mixture.{kind}: unknown env kind (kinds: {', '.join(KINDS)})")
+        if kind not in ENV_KINDS:  # the one list of env kinds (bfcl/agentdojo draw their train split: kind_tasks)
+            raise RLSetupError(f"config.envs.mixture.{kind}: unknown env kind (kinds: {', '.join(ENV_KINDS)})")
         w = float(mix[kind])
         if w < 0:
             raise RLSetupError(f"config.envs.mixture.{kind}: weight must be >= 0, got {w}")

@@ -54,6 +54,7 @@ from typing import Any, Callable, Sequence
 
 from mpa_jax.envs.context import ContextFormat
 from mpa_jax.envs.contract import Feedback, Task, Trajectory, Verification
+from mpa_jax import seeds
 from mpa_jax.envs.pool import EnvPool, KindLimits, limits_from_config
 from mpa_jax.harness.episode import Episode, Reply
 from mpa_jax.rollout.types import EngineError, GenerateResult, SamplingParams
@@ -105,8 +106,8 @@ class EpisodeConfig:
 
 
 def episode_seed(base: int, index: int, turn: int) -> int:
-    """Deterministic per-(episode, turn) sampling seed."""
-    return (base * 1_000_003 + index * 10_007 + turn) % (2**31 - 1)
+    """Deterministic per-(episode, turn) sampling seed (the `sampling` stream of `mpa_jax.seeds`)."""
+    return seeds.derive("sampling", base, index, turn)
 
 
 class EnvFactory:
