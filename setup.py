@@ -71,6 +71,9 @@ setup(
         "cuda": ["jax[cuda12]==0.10.2"],
         "tpu": ["jax[tpu]==0.10.2"],
         "adb": ["adbutils>=2.8"],
+        # the agentdojo env kind (docs/benchmark.md); bfcl-eval cannot be an extra: it is installed --no-deps
+        # (`make install-bench`, part of `make test`)
+        "agentdojo": ["agentdojo==0.1.35"],
         # bench/rl_step.py: the TRL GRPOTrainer baseline (torch CPU)
         "bench": ["trl==1.16.0", "datasets>=3", "transformers==5.24.0", "torch==2.13.0"],
     },

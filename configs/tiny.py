@@ -322,6 +322,14 @@ def get_config() -> ml_collections.ConfigDict:
                                                   "timeout_s": 120.0})
     c.envs.adb = ml_collections.ConfigDict({"device": "", "adb_port": 5037, "command_timeout_s": 10.0,
                                             "reconnect_attempts": 5, "concurrency": 1, "timeout_s": 60.0})
+    # External benchmarks as env kinds (docs/benchmark.md). BFCL v4 multi-turn: splits by scenario (of 200:
+    # test_scenarios test, dev_scenarios dev, the rest train; split_seed orders them); project_root is BFCL's
+    # scratch folder (BFCL_PROJECT_ROOT; "" = <tmp>/mpa-bfcl). Its backends are in-process Python: inline.
+    c.envs.bfcl = ml_collections.ConfigDict({"project_root": "", "split_seed": 0, "test_scenarios": 40,
+                                             "dev_scenarios": 20, "concurrency": 0, "timeout_s": 60.0})
+    # AgentDojo: its suites' user tasks, split per suite by user task (test_fraction test, dev_fraction dev).
+    c.envs.agentdojo = ml_collections.ConfigDict({"benchmark_version": "v1.2.2", "split_seed": 0, "test_fraction": 0.3,
+                                                  "dev_fraction": 0.1, "concurrency": 0, "timeout_s": 60.0})
     # Long-history memory (harness/memory; `mpa memory suite|eval`).
     c.memory = ml_collections.ConfigDict()
     c.memory.seed = 0  # suite generator seed

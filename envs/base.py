@@ -1,8 +1,14 @@
 """The env protocol every kind implements, and `make_env(kind, config=None, **kwargs)` (kwargs from `config.envs.<kind>`).
 
 Kinds: "sandbox" (programmatic, `envs/sandbox.py`), "simulated" (LLM-simulated long-tail apps,
-`envs/simulated/`), "adb" (an Android device, `envs/adb/env.py`). Factories are imported lazily so that
-`import mpa_jax.envs` does not pull in adbutils.
+`envs/simulated/`), "adb" (an Android device, `envs/adb/env.py`), and external benchmarks run on their own
+code and checkers: "bfcl" (BFCL v4 multi-turn, `envs/bfcl/`), "agentdojo" (AgentDojo's suites,
+`envs/agentdojo/`). Factories are imported lazily so that `import mpa_jax.envs` does not pull in adbutils,
+bfcl_eval or agentdojo.
+
+An external benchmark's tasks come from the env itself (`kind_tasks(kind, config, split)`: the env's
+`tasks(split)`), each with `metadata["env"]` naming its kind, so a runner routes it to that kind wherever
+it appears (eval, oracle, the RL mixture).
 """
 from __future__ import annotations
 
@@ -45,7 +51,11 @@ ENV_KINDS: dict[str, Any] = {
     "sandbox": "mpa_jax.envs.sandbox:SandboxEnv",
     "simulated": "mpa_jax.envs.simulated:SimulatedEnv",
     "adb": "mpa_jax.envs.adb.env:AdbEnv",
+    "bfcl": "mpa_jax.envs.bfcl.env:BfclEnv",
+    "agentdojo": "mpa_jax.envs.agentdojo.env:AgentDojoEnv",
 }
+# kinds whose tasks are a benchmark's own (not the sandbox's generated splits): `kind_tasks`
+BENCHMARK_KINDS: tuple[str, ...] = ("bfcl", "agentdojo")
 
 
 def register_env(kind: str, factory: Any) -> None:
@@ -95,3 +105,30 @@ def make_env(kind: str = "sandbox", config: Any = None, **kwargs: Any) -> Any:
                 raise ValueError(f"config.envs.{kind}.{key}: not an option of the {kind} env"
                                  f" (options: {', '.join(sorted(params)) or 'none'})")
     return factory(**merged)
+
+
+def kind_tasks(kind: str, config: Any, split: str) -> list[Task]:
+    """The tasks of an external benchmark kind's `split` (train | dev | test | all), from its env's
+    `tasks(split)` with the options of `config.envs.<kind>`."""
+    if kind not in BENCHMARK_KINDS:
+        raise ValueError(f"env kind {kind!r} has no tasks of its own (benchmark kinds: {', '.join(BENCHMARK_KINDS)})")
+    env = make_env(kind, config)
+    try:
+        return env.tasks(split)
+    finally:
+        env.close()
+
+
+def kind_split_file(kind: str, config: Any, split: str, workdir: str) -> str:
+    """`split` of a benchmark kind as a task JSONL under `workdir` (what `mpa oracle`/`mpa eval --env KIND` read):
+    `<workdir>/tasks-<kind>-<split>.jsonl`. A `split` that is already a file is returned as it is."""
+    import os
+
+    from mpa_jax.envs.contract import write_jsonl
+
+    if os.path.isfile(split):
+        return split
+    path = os.path.join(workdir, f"tasks-{kind}-{split}.jsonl")
+    os.makedirs(workdir, exist_ok=True)
+    write_jsonl(path, kind_tasks(kind, config, split))  # type: ignore[arg-type]
+    return path

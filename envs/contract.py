@@ -3,6 +3,13 @@
 Plain, JSON-serialisable, versioned dataclasses. No jax, no numpy: this module runs on actor hosts
 and devices. Every class has `to_dict()` / `from_dict()`; `from_dict` ignores nothing silently:
 unknown keys raise `ContractError` naming the key, so a producer/consumer version skew is loud.
+
+Versions: a record is version 1 (`SCHEMA_VERSION`) unless it uses a later feature. Version 2
+(`CONVERSATION_VERSION`) adds conversations: a Feedback with `user_turn` (the env answers the planner's text
+reply with the user's next message; the episode goes on until a reply gets none) is version 2 and its JSON
+carries the key; a Feedback without one writes exactly the version-1 JSON, so every pinned digest and cache
+of single-request data stays as it was. Tasks may also carry the categories of external benchmarks
+(`BENCHMARK_CATEGORIES`).
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import json
 from typing import Any, Literal, Mapping, TypeVar
 
 SCHEMA_VERSION = 1
+CONVERSATION_VERSION = 2  # Feedback.user_turn
 
 DOMAINS: tuple[str, ...] = (
     "communication",
@@ -29,6 +37,12 @@ DOMAINS: tuple[str, ...] = (
     "utilities",
 )
 CATEGORIES: tuple[str, ...] = ("tool_use", "memory", "skills", "subagent")
+# Categories of external benchmarks run as env kinds (`envs/bfcl`, `envs/agentdojo`): each reports per its own
+# category, as the benchmark does (BFCL v4 multi-turn's four; AgentDojo's four suites).
+BENCHMARK_CATEGORIES: tuple[str, ...] = (
+    "bfcl_base", "bfcl_miss_func", "bfcl_miss_param", "bfcl_long_context",
+    "agentdojo_workspace", "agentdojo_travel", "agentdojo_banking", "agentdojo_slack",
+)
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 
 
@@ -180,7 +194,7 @@ class Task(_Record):
     def __post_init__(self) -> None:
         if self.domain not in DOMAINS:
             raise ContractError(f"Task {self.id}: unknown domain {self.domain!r}")
-        if self.category not in CATEGORIES:
+        if self.category not in CATEGORIES and self.category not in BENCHMARK_CATEGORIES:
             raise ContractError(f"Task {self.id}: unknown category {self.category!r}")
         if self.split not in SPLITS:
             raise ContractError(f"Task {self.id}: unknown split {self.split!r}")
@@ -221,7 +235,12 @@ class Action(_Record):
 
 @dataclasses.dataclass
 class Feedback(_Record):
-    """What the world answered to one Action."""
+    """What the world answered to one Action.
+
+    `user_turn` (conversations, version 2): to a `message` Action, an env may answer ok with the user's next
+    message; the episode then goes on with it as a user turn. An answer without one (the default, and every
+    version-1 env) ends the conversation.
+    """
 
     call_id: str
     status: Literal["ok", "error"]
@@ -230,11 +249,34 @@ class Feedback(_Record):
     hint: str = ""
     result: Any = None
     cost: dict[str, float] = dataclasses.field(default_factory=dict)
+    user_turn: str = ""
     schema_version: int = SCHEMA_VERSION
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def __post_init__(self) -> None:
+        if self.user_turn and self.schema_version < CONVERSATION_VERSION:
+            self.schema_version = CONVERSATION_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if not self.user_turn:  # version-1 bytes for single-request data
+            d.pop("user_turn")
+        return d
+
+    @property
+    def conversation_over(self) -> bool:
+        """False when this answer carries the user's next turn (the episode goes on)."""
+        return not (self.status == "ok" and self.user_turn)
+
+    @classmethod
+    def next_user_turn(cls, text: str, call_id: str = "", result: Any = None) -> "Feedback":
+        """The env's answer to a planner's message when the user speaks again (`text` must be non-empty)."""
+        if not text:
+            raise ContractError("Feedback.next_user_turn: the user's next turn is empty")
+        return cls(call_id=call_id, status="ok", result=result, user_turn=text)
 
     @property
     def is_infra(self) -> bool:
@@ -283,7 +325,10 @@ class Verification(_Record):
 
 @dataclasses.dataclass
 class Step(_Record):
-    """One Action and the Feedback it received (Feedback is None for a final message or finish)."""
+    """One Action and the Feedback it received (Feedback is None for a final message or finish).
+
+    In a conversation the planner's message that the env answered with the user's next turn is the step
+    whose Feedback has `user_turn` set: `Trajectory.user_turns()` lists them."""
 
     action: Action
     feedback: Feedback | None = None
@@ -326,6 +371,10 @@ class Trajectory(_Record):
                 f"Trajectory {self.task_id}: tokens ({n}), loss_mask ({len(self.loss_mask)}) and logprobs"
                 f" ({len(self.logprobs)}) must have the same length"
             )
+
+    def user_turns(self) -> list[str]:
+        """The user's follow-up turns of a conversation, in order (the first request is not one of them)."""
+        return [s.feedback.user_turn for s in self.steps if s.feedback is not None and s.feedback.user_turn]
 
     @classmethod
     def _decode_field(cls, name: str, value: Any) -> Any:

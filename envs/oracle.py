@@ -2,7 +2,8 @@
 
 It reads only the gold plan and the Feedback the env returns (what any planner sees), never hidden state.
 Gold steps: {"kind": "tool_call", "name", "arguments", "agent"?, "group"?, "fallbacks"?: [steps], "why"?},
-{"kind": "delegate", "agent", "instruction"}, {"kind": "message", "text"}.
+{"kind": "delegate", "agent", "instruction"}, {"kind": "message", "text"}. In a conversation (an env that
+answers a message with the user's next turn) the gold holds one message per user turn and the plan goes on.
 
 Natural variation (seeded): consecutive steps sharing a `group` are independent, so their order is
 shuffled and they are sent either together (parallel tool calls in one turn) or one per turn; reasoning
@@ -151,9 +152,14 @@ class _Runner:
                 a = Action.message(step["text"])
                 why = step.get("why") or "I have everything I need to reply."
                 self.messages.append(action_to_message(a, reasoning=why if self.think else None))
-                self.env.step(a)
+                fb = self.env.step(a)
+                if fb is not None and fb.ok and fb.user_turn:  # a conversation: the user's next turn, plan goes on
+                    self.steps.append(Step(action=a, feedback=fb))
+                    self.messages.append({"role": "user", "content": fb.user_turn})
+                    i += 1
+                    continue
                 self.steps.append(Step(action=a, feedback=None))
-                return  # a message to the user ends the episode
+                return  # a message that gets no next user turn ends the episode
             batch = [step]
             g = step.get("group")
             j = i + 1

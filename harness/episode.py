@@ -10,7 +10,10 @@ Every loop that runs a planner against an env follows the same rules, so they li
   infra (the world's fault: never a reward);
 - plain text is the answer: a `message` Action sent to the env, which ends the episode when the env takes
   it (a sub-agent's answer instead goes back to its caller);
-- `max_turns` replies end the episode.
+- conversations (contract version 2): an env may take the message and answer with the user's next turn
+  (`Feedback.user_turn`); it is shown to the planner as a user message and the episode goes on, until an
+  answer carries no next turn (the conversation is over: finish reason "answer");
+- `max_turns` replies per user turn end the episode (a single-request episode: `max_turns` replies).
 
 `Episode` applies these rules to one `Reply` at a time. Three loops drive it: the token-level runner
 (`mpa_jax.rollout.runner`, engine tokens in and out), `run_episode` below (chat-only planners: OpenAI
@@ -73,6 +76,8 @@ class Episode:
         self.make_call_id = make_call_id
         self.steps: list[Step] = []
         self.turns = self.tool_calls = self.parse_errors = 0
+        self.user_turns = 0  # follow-up user turns the env sent (conversations)
+        self._turn_start = 0  # `turns` when the current user turn began: the turn limit counts from there
         self.output_errors: collections.Counter = collections.Counter()
         self.finish_reason = ""
         self.infra = ""
@@ -147,6 +152,11 @@ class Episode:
         fb = self._act(Action.message(reply.content, raw=reply.raw, agent=self.agent))
         if self.ended:
             return msg, []
+        if fb is not None and fb.ok and fb.user_turn:
+            # the user speaks again: a user turn (mask 0 at the token level), with a fresh turn budget
+            self.user_turns += 1
+            self._turn_start = self.turns
+            return msg, [{"role": "user", "content": fb.user_turn}]
         if fb is None or fb.ok:
             self.end("answer")
             return msg, []
@@ -169,7 +179,7 @@ class Episode:
         return fb
 
     def _turn_limit(self) -> None:
-        if not self.ended and self.turns >= self.max_turns:
+        if not self.ended and self.turns - self._turn_start >= self.max_turns:
             self.end("max_turns")
 
 
@@ -213,7 +223,8 @@ def run_episode(planner: Any, env: Any, task: Task, max_turns: int = 8, harness_
             verification = env.verify()
         except Exception as e:  # noqa: BLE001
             ep.end("infra", f"verify raised {e}")
-    costs = {"output_tokens": float(out_tokens), "input_tokens": float(in_tokens), "tool_calls": float(ep.tool_calls)}
+    costs = {"output_tokens": float(out_tokens), "input_tokens": float(in_tokens), "tool_calls": float(ep.tool_calls),
+             "turns": float(ep.turns), "user_turns": float(ep.user_turns)}
     traj = _traj(task, ep.steps, messages, verification, ep.finish_reason, ep.infra, costs, harness_version, t0, turns,
                  ep.output_errors)
     traj.provenance["planner"] = getattr(planner, "name", type(planner).__name__)
@@ -252,7 +263,8 @@ def oracle_trajectory(env: Any, task: Task, seed: int = 0, harness_version: str 
             env.close()
         except Exception:  # noqa: BLE001
             pass
-    costs = {"tool_calls": float(sum(1 for s in ep.steps if s.action.kind == "tool_call"))}
+    costs = {"tool_calls": float(sum(1 for s in ep.steps if s.action.kind == "tool_call")),
+             "user_turns": float(sum(1 for s in ep.steps if s.feedback is not None and s.feedback.user_turn))}
     traj = _traj(task, ep.steps, ep.messages, ep.verification, "answer", "", costs, harness_version, t0, [])
     traj.provenance["planner"] = "oracle"
     return traj

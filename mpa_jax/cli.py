@@ -56,7 +56,8 @@ class _Parser(argparse.ArgumentParser):
 
 def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     """`--env KIND` and `--device SERIAL` (the commands that run episodes on a kind: oracle, rollout)."""
-    parser.add_argument("--env", default=None, choices=("sandbox", "adb"), help="env kind (default: config.envs.kind)")
+    parser.add_argument("--env", default=None, choices=("sandbox", "adb", "bfcl", "agentdojo"),
+                        help="env kind (default: config.envs.kind; bfcl/agentdojo: that benchmark's own tasks, docs/benchmark.md)")
     parser.add_argument("--device", default=None, help="device serial for --env adb (default: config.envs.adb.device)")
 
 

@@ -6,7 +6,8 @@ its own tokenizer, context format and positions), or `untrained` for the config'
 Writes `<out>/eval.json` (default out: `<workdir>/eval/<checkpoint name>`): Overall, per template group,
 per category and per domain success, partial score, pass@1, pass^k, mean output tokens, tool calls and cost
 per 1,000 tasks (input tokens, output tokens, tool calls and device seconds priced separately by
-`config.eval.prices`, and the output-tokens-only figure). Sandbox tasks only.
+`config.eval.prices`, and the output-tokens-only figure). Sandbox tasks, or with `--env bfcl|agentdojo` that
+external benchmark's split, scored by its own checker, per its categories (docs/benchmark.md).
 
 Tasks: `--max-tasks N` stratified tasks of the split, or `--seen N --held-out M` (N of templates seen in
 training, M of held-out templates). `--samples N` adds N sampled runs per task and prints greedy success
@@ -38,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, nargs="+", default=None,
                         help="sampling temperatures of --samples (default: config.rollout.temperature)")
     parser.add_argument("--out", default=None, help="output directory for eval.json and the rollouts")
+    parser.add_argument("--env", default=None, choices=("bfcl", "agentdojo"),
+                        help="an external benchmark's tasks of --split instead of the sandbox's (per-category accuracy)")
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
@@ -57,7 +60,12 @@ def run(args: argparse.Namespace, config: Any) -> int:
     split = args.split or str(config.eval.split)
     try:
         tasks = None
-        if args.seen or args.held_out:
+        if args.env:  # an external benchmark: its own split's tasks, stratified like the sandbox's
+            from mpa_jax.envs.base import kind_tasks
+            from mpa_jax.eval.tasks import stratified
+
+            tasks = stratified(kind_tasks(args.env, config, split), int(config.eval.max_tasks if args.max_tasks is None else args.max_tasks))
+        elif args.seen or args.held_out:
             tasks = select_tasks(split, n_seen=args.seen, n_held_out=args.held_out, seed=int(config.tasks.seed),
                                  per_template=int(config.tasks.per_template))
         if args.samples:

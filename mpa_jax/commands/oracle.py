@@ -52,11 +52,16 @@ def run(args: argparse.Namespace, config: Any) -> int:
     from mpa_jax.data import oracle_dataset
     from mpa_jax.envs.base import EnvUnavailable
 
-    apply_env_arguments(args, config)
+    kind = apply_env_arguments(args, config)
+    split = args.split
+    if kind in ("bfcl", "agentdojo"):  # a benchmark's own tasks, as a task JSONL (envs.base.kind_split_file)
+        from mpa_jax.envs.base import kind_split_file
+
+        split = kind_split_file(kind, config, split or str(config.oracle.split), args.workdir)
     t0 = time.perf_counter()
     infra: list[str] = []
     try:
-        out, tasks, trajs = oracle_dataset(config, args.workdir, split=args.split, max_tasks=args.max_tasks, out=args.out,
+        out, tasks, trajs = oracle_dataset(config, args.workdir, split=split, max_tasks=args.max_tasks, out=args.out,
                                            on_infra=lambda task, e: infra.append(f"{task.id}: infra: {type(e).__name__}: {e}"))
     except (ValueError, EnvUnavailable) as e:  # ContractError, tokenizer/vocab mismatch, empty split; a dead device
         raise UserError(str(e)) from None

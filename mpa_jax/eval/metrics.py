@@ -75,7 +75,7 @@ def _block(runs_by_task: Mapping[str, list[Any]], k: int, prices: PriceTable, ks
     at_k = {f"pass@{j}": 0.0 for j in ks if j != 1}
     if not n_tasks:
         return {"tasks": 0, "runs": 0, "success": 0.0, "partial_score": 0.0, "pass@1": 0.0, **at_k, f"pass^{k}": 0.0,
-                "mean_output_tokens": 0.0, "mean_output_tokens_success": 0.0, "mean_output_tokens_failure": 0.0, "mean_input_tokens": 0.0, "mean_tool_calls": 0.0, "mean_device_s": 0.0,
+                "mean_output_tokens": 0.0, "mean_output_tokens_success": 0.0, "mean_output_tokens_failure": 0.0, "mean_input_tokens": 0.0, "mean_tool_calls": 0.0, "mean_user_turns": 0.0, "mean_device_s": 0.0,
                 "cost_per_1k_tasks": {"input_tokens": 0.0, "output_tokens": 0.0, "tool_calls": 0.0, "device_seconds": 0.0, "total": 0.0},
                 "cost_per_1k_tasks_output_only": 0.0}
     succ, score, p1, pk = 0.0, 0.0, 0.0, 0.0
@@ -104,6 +104,7 @@ def _block(runs_by_task: Mapping[str, list[Any]], k: int, prices: PriceTable, ks
         "mean_output_tokens": mean_out(runs), "mean_output_tokens_success": mean_out(ok), "mean_output_tokens_failure": mean_out(bad),
         "mean_input_tokens": sum(t.costs.get("input_tokens", 0.0) for t in runs) / m,
         "mean_tool_calls": sum(t.costs.get("tool_calls", 0.0) for t in runs) / m,
+        "mean_user_turns": sum(t.costs.get("user_turns", 0.0) for t in runs) / m,  # conversations' follow-ups
         "mean_device_s": sum(t.costs.get("device_s", 0.0) for t in runs) / m,
         "cost_per_1k_tasks": cost,
         "cost_per_1k_tasks_output_only": cost["output_tokens"],

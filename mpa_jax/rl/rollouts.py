@@ -13,10 +13,12 @@ import json
 import time
 from typing import Any, Sequence
 
+from mpa_jax import seeds
+
 
 def step_seed(seed: int, step: int, attempt: int = 0) -> int:
     """The sampling seed of a step's rollouts (attempt > 0: infra retries)."""
-    return (int(seed) * 1_000_003 + int(step) * 7_919 + int(attempt) * 104_729) % (2**31 - 1)
+    return seeds.derive("rl_draw", seed, step, attempt)
 
 
 @dataclasses.dataclass

@@ -35,9 +35,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mpa_jax.envs.base import ENV_KINDS
 from mpa_jax.rl.errors import RLSetupError
 
-KINDS = ("sandbox", "simulated", "adb")
 FRESH_SEED_BASE = 5_000_000  # instance seeds of selected RL tasks: above every split's (test < 2,000,000 + 100,000 x tasks.seed + 50,000)
 SPLIT_KINDS = ("sandbox", "adb")  # kinds that run the benchmark's tasks (the device executes the sandbox's tools)
 
@@ -195,8 +195,8 @@ def mixture_weights(envs: Any) -> dict[str, float]:
     mix = envs.mixture
     weights = {}
     for kind in mix.keys():
-        if kind not in KINDS:
-            raise RLSetupError(f"config.envs.mixture.{kind}: unknown env kind (kinds: {', '.join(KINDS)})")
+        if kind not in ENV_KINDS:  # the one list of env kinds (bfcl/agentdojo draw their train split: kind_tasks)
+            raise RLSetupError(f"config.envs.mixture.{kind}: unknown env kind (kinds: {', '.join(ENV_KINDS)})")
         w = float(mix[kind])
         if w < 0:
             raise RLSetupError(f"config.envs.mixture.{kind}: weight must be >= 0, got {w}")
@@ -228,6 +228,12 @@ class TaskSource:
                 from mpa_jax.envs.simulated import simulated_tasks
 
                 by_kind[kind] = simulated_tasks(int(rl.simulated_tasks), seed=self.seed)
+            elif kind in ("bfcl", "agentdojo"):
+                import ml_collections
+
+                from mpa_jax.envs.base import kind_tasks
+
+                by_kind[kind] = kind_tasks(kind, ml_collections.ConfigDict({"envs": envs}), "train")
             else:
                 by_kind[kind] = split
         # the sandbox cursor keeps the seed of a sandbox-only run: a single-kind run draws as it always did

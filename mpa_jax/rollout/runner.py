@@ -15,8 +15,9 @@ chat template; then, until the episode ends,
 
     generate -> append the sampled ids as sampled (mask 1, behaviour log-probs) -> turn them into a
     `harness.episode.Reply` -> the episode rules (`harness.episode.Episode`: parse error -> Feedback,
-    infra ends the episode, plain text is the answer) -> render the feedback turn(s) and the next
-    generation prompt and append them (mask 0) -> repeat.
+    infra ends the episode, plain text is the answer or, in a conversation, gets the user's next turn) ->
+    render the feedback turn(s) or the user turn with the chat template (a user message) and the next
+    generation prompt and append them (mask 0) -> repeat. `costs["user_turns"]` counts the user's follow-ups.
 
 What the token level adds to the rules (Trajectory.finish_reason):
 - "max_tokens": the episode reached `max_total_tokens` (the last turn is cut to fit, its closing
@@ -53,6 +54,7 @@ from typing import Any, Callable, Sequence
 
 from mpa_jax.envs.context import ContextFormat
 from mpa_jax.envs.contract import Feedback, Task, Trajectory, Verification
+from mpa_jax import seeds
 from mpa_jax.envs.pool import EnvPool, KindLimits, limits_from_config
 from mpa_jax.harness.episode import Episode, Reply
 from mpa_jax.rollout.types import EngineError, GenerateResult, SamplingParams
@@ -104,8 +106,8 @@ class EpisodeConfig:
 
 
 def episode_seed(base: int, index: int, turn: int) -> int:
-    """Deterministic per-(episode, turn) sampling seed."""
-    return (base * 1_000_003 + index * 10_007 + turn) % (2**31 - 1)
+    """Deterministic per-(episode, turn) sampling seed (the `sampling` stream of `mpa_jax.seeds`)."""
+    return seeds.derive("sampling", base, index, turn)
 
 
 class EnvFactory:
@@ -166,7 +168,8 @@ class EpisodeRunner:
     def __init__(self, envs: EnvFactory | None = None, *, pool: EnvPool | None = None, harness: Any = None,
                  max_live: dict[str, int] | None = None) -> None:
         self.envs = envs or EnvFactory()
-        self.pool = pool if pool is not None else EnvPool({"sandbox": KindLimits(0, 30.0)})
+        # No pool given (tests, benches with their own env class): every kind inline; configs go through from_config.
+        self.pool = pool if pool is not None else EnvPool(default=KindLimits(0, 30.0))
         self.harness = harness
         self.max_live = {"adb": 1, **(max_live or {})}  # a device holds one episode at a time
 
@@ -504,6 +507,7 @@ class _Run:
                 "input_tokens": float(ep.input_tokens),
                 "tool_calls": float(rules.tool_calls if rules is not None else 0),
                 "turns": float(rules.turns if rules is not None else 0),
+                "user_turns": float(rules.user_turns if rules is not None else 0),
                 "parse_errors": float(rules.parse_errors if rules is not None else 0),
                 "malformed_turns": float(sum(errors.values())),
                 "wall_s": time.perf_counter() - ep.t0,
@@ -551,7 +555,7 @@ def _malformed(out: GenerateResult, sampled: list[int], text: str, controls: dic
 def run_episodes(engine: Any, tokenizer: Any, tasks: Sequence[Task], make_env: Callable[[], Any], cfg: EpisodeConfig | None = None,
                  *, pool: EnvPool | None = None, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """One `EpisodeRunner.run` over envs from `make_env()` (a fresh one per episode), for callers that bring
-    their own env class (tests, benches); `pool` (default: the sandbox inline) sets the per-kind limits."""
+    their own env class (tests, benches); `pool` (default: every kind inline) sets the per-kind limits."""
     runner = EpisodeRunner(EnvFactory(make=lambda _kind: make_env()), pool=pool)
     try:
         return runner.run(engine, tokenizer, tasks, cfg, on_done=on_done)

@@ -101,7 +101,10 @@ def test_care_above_c_hi_prefers_the_cheaper_success(b, cfg, lam):
             continue
         c, a = b["cost"][sel], adv[sel]
         order = np.argsort(c)
-        assert np.all(np.diff(a[order]) < 0), (c[order], a[order])
+        d, tail = np.diff(a[order]), a[order][1:]
+        # Strictly cheaper-is-better, except where the soft clip saturates in floating point (tanh == 1).
+        saturated = (d == 0) & np.isclose(np.abs(tail), float(cfg.adv_clip), rtol=0, atol=1e-12)
+        assert np.all((d < 0) | saturated), (c[order], a[order])
 
 
 @settings(max_examples=150, deadline=None)
