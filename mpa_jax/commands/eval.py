@@ -5,7 +5,8 @@ per category and per domain success, partial score, pass@1, pass^k, mean output 
 per 1,000 tasks (input tokens, output tokens, tool calls and device seconds priced separately by
 `config.eval.prices`, and the output-tokens-only figure). Sandbox tasks only.
 
-Tasks: `--max-tasks N` stratified tasks of the split, or `--seen N --held-out M` (N of templates seen in
+`--split preregistered`: the pre-registered test set (600 test tasks, docs/preregistered.md; `--max-tasks 0` all
+of it, `--seen 32 --held-out 16` the demo's 48). Tasks: `--max-tasks N` stratified tasks of the split, or `--seen N --held-out M` (N of templates seen in
 training, M of held-out templates). `--samples N` adds N sampled runs per task and prints greedy success
 with the unbiased pass@k for `--pass-k` at each `--temperature` (a markdown table; `passk.json`).
 """
@@ -21,7 +22,8 @@ from mpa_jax.cli import UserError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="exported Hugging Face directory, or 'untrained' for the config's random model")
-    parser.add_argument("--split", default=None, help="held-out split (default: config.eval.split)")
+    parser.add_argument("--split", default=None, help="held-out split, or 'preregistered': the pre-registered test set "
+                        "(docs/preregistered.md; default: config.eval.split)")
     parser.add_argument("--harness", default="off", help="on | off | both (both: the same checkpoint with and without the harness)")
     parser.add_argument("--k", type=int, default=None, help="runs per task (default: config.eval.k; 1 = one greedy run)")
     parser.add_argument("--max-tasks", type=int, default=None, help="tasks (stratified; default: config.eval.max_tasks; 0 = all)")
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.eval import HARNESS_MODES, Evaluator, evaluate, format_eval, format_passk, pass_ks, passk_report, select_tasks
+    from mpa_jax.eval import HARNESS_MODES, Evaluator, evaluate, evaluation_tasks, format_eval, format_passk, pass_ks, passk_report
     from mpa_jax.rollout.engines import RolloutSetupError
 
     if args.harness not in HARNESS_MODES:
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     try:
         tasks = None
         if args.seen or args.held_out:
-            tasks = select_tasks(split, n_seen=args.seen, n_held_out=args.held_out, seed=int(config.tasks.seed),
+            tasks = evaluation_tasks(split, n_seen=args.seen, n_held_out=args.held_out, seed=int(config.tasks.seed),
                                  per_template=int(config.tasks.per_template))
         if args.samples:
             ks = pass_ks(args.samples, args.pass_k or ())
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
             if min(temps) <= 0:
                 raise UserError(f"--temperature {temps}: must be > 0 (greedy is always reported)")
             if tasks is None:
-                tasks = select_tasks(split, n=int(config.eval.max_tasks if args.max_tasks is None else args.max_tasks),
+                tasks = evaluation_tasks(split, n=int(config.eval.max_tasks if args.max_tasks is None else args.max_tasks),
                                      seed=int(config.tasks.seed), per_template=int(config.tasks.per_template))
             ev = Evaluator(config, tasks)
             report = passk_report(ev, ev.engine_for(ckpt, args.workdir), out, samples=args.samples, ks=ks, temperatures=temps)
