@@ -149,7 +149,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.context.reasoning = "full"
 
     # The demo (`make demo`): starts from the shipped starter planner (configs/starter.py, `mpa starter`);
-    # "" trains from scratch instead. Evaluation: dev tasks of seen and of held-out templates, greedy.
+    # "" trains from scratch instead. Evaluation: loop.eval_split tasks of seen and of held-out templates, greedy.
     c.demo = ml_collections.ConfigDict()
     c.demo.starter = "starter"
     c.demo.eval_seen = 32
@@ -271,7 +271,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.learner_devices = 1
     # Every stage is evaluated on the same tasks of this split: eval_seen of templates seen in training and
     # eval_held_out of held-out templates (the demo's table); both 0 = config.eval.max_tasks stratified tasks.
-    c.loop.eval_split = "dev"
+    # "preregistered": the pre-registered test set (32 + 16 = its demo subset; docs/preregistered.md); dev is for tuning.
+    c.loop.eval_split = "preregistered"
     c.loop.eval_seen = 32
     c.loop.eval_held_out = 16
     c.loop.release_gate_tasks = 24  # a released harness version must not lower success on this many train tasks (0 = no gate)

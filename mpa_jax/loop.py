@@ -119,22 +119,24 @@ class Loop:
 
     @property
     def eval_split(self) -> str:
-        """The split every stage is evaluated on: `config.loop.eval_split`, else `config.eval.split`."""
+        """The split every stage is evaluated on: `config.loop.eval_split`, else `config.eval.split`
+        ("preregistered" = the pre-registered test set, `eval.tasks.evaluation_tasks`)."""
         return str(self.config.loop.eval_split) or str(self.config.eval.split)
 
     @property
     def heldout(self) -> list[Any]:
         """The evaluation tasks of every stage: `loop.eval_seen` of templates seen in training and
-        `loop.eval_held_out` of held-out templates (the demo's table), else `eval.max_tasks` stratified ones."""
+        `loop.eval_held_out` of held-out templates (the demo's table), else `eval.max_tasks` stratified ones.
+        The evaluation stages are the only readers of the pre-registered list in the loop."""
         if self._heldout is None:
-            from mpa_jax.eval import select_tasks
+            from mpa_jax.eval.tasks import evaluation_tasks
 
             lp, seed, per = self.config.loop, int(self.config.tasks.seed), int(self.config.tasks.per_template)
             if int(lp.eval_seen) or int(lp.eval_held_out):
-                self._heldout = select_tasks(self.eval_split, n_seen=int(lp.eval_seen), n_held_out=int(lp.eval_held_out),
+                self._heldout = evaluation_tasks(self.eval_split, n_seen=int(lp.eval_seen), n_held_out=int(lp.eval_held_out),
                                              seed=seed, per_template=per)
             else:
-                self._heldout = select_tasks(self.eval_split, n=int(self.config.eval.max_tasks), seed=seed, per_template=per)
+                self._heldout = evaluation_tasks(self.eval_split, n=int(self.config.eval.max_tasks), seed=seed, per_template=per)
         return self._heldout
 
     # ------------------------------------------------------------------ stages

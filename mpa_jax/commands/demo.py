@@ -1,7 +1,8 @@
 """`mpa demo`: the short end-to-end path (`make demo` runs the closed loop, `mpa loop`).
 
 Real runs start from a pretrained checkpoint; the CPU demo starts the same way, from the shipped starter
-planner (`starter/`, built by `mpa starter` from configs/starter.py; DESIGN section 9). On the same dev tasks,
+planner (`starter/`, built by `mpa starter` from configs/starter.py; DESIGN section 9). On the same tasks of the
+pre-registered test set (docs/preregistered.md),
 split into templates seen in training and held-out templates, it prints side by side:
 
     untrained (the starter's shape, random weights) | the starter | the starter after an SFT refresh
@@ -22,11 +23,11 @@ from mpa_jax.files import write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--split", default=None, help="held-out split to evaluate on (default: config.rollout.split)")
+    parser.add_argument("--split", default=None, help="held-out split to evaluate on (default: config.loop.eval_split, the loop's: tiny 'preregistered')")
     parser.add_argument("--eval-tasks", type=int, default=None,
-                        help="dev tasks of templates seen in training per evaluation (default: config.demo.eval_seen)")
+                        help="tasks of templates seen in training per evaluation (default: config.demo.eval_seen)")
     parser.add_argument("--eval-held-out", type=int, default=None,
-                        help="dev tasks of held-out templates per evaluation (default: config.demo.eval_held_out)")
+                        help="tasks of held-out templates per evaluation (default: config.demo.eval_held_out)")
     parser.add_argument("--starter", default=None, help="starter planner directory (default: config.demo.starter; '' = from scratch)")
     parser.add_argument("--fresh", action="store_true", help="delete the run directory's earlier demo outputs first")
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     from rich.console import Console
 
     from mpa_jax import tokenizer
-    from mpa_jax.eval import Evaluator, eval_metrics, select_tasks, success_view
+    from mpa_jax.eval import Evaluator, eval_metrics, evaluation_tasks, success_view
     from mpa_jax.sft.starter import StarterError, find_starter, load_starter, with_starter
 
     console = Console()
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
             elif os.path.exists(path):
                 os.remove(path)
     t0 = time.perf_counter()
-    split = args.split or str(config.rollout.split)
+    split = args.split or str(config.loop.eval_split) or str(config.eval.split)  # the loop's evaluation tasks
     if split == str(config.oracle.split):
         raise UserError(f"held-out split {split!r} is the split the demonstrations come from; pick another with --split")
     n_seen = int(args.eval_tasks if args.eval_tasks is not None else config.demo.eval_seen)
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     tok = tokenizer.tokenizer_for_config(config, workdir)
     if tok.vocab_size > int(config.model.vocab_size):
         raise UserError(f"tokenizer has {tok.vocab_size} ids, more than config.model.vocab_size={config.model.vocab_size}")
-    tasks = select_tasks(split, n_seen=n_seen, n_held_out=n_held, seed=int(config.tasks.seed))
+    tasks = evaluation_tasks(split, n_seen=n_seen, n_held_out=n_held, seed=int(config.tasks.seed))
     console.print(f"evaluation: {len(tasks)} {split} tasks ({n_seen} of templates seen in training, {n_held} of held-out templates), greedy")
 
     rollouts = os.path.join(workdir, "rollouts")

@@ -9,7 +9,8 @@ per 1,000 tasks (input tokens, output tokens, tool calls and device seconds pric
 `config.eval.prices`, and the output-tokens-only figure). Sandbox tasks, or with `--env bfcl|agentdojo` that
 external benchmark's split, scored by its own checker, per its categories (docs/benchmark.md).
 
-Tasks: `--max-tasks N` stratified tasks of the split, or `--seen N --held-out M` (N of templates seen in
+`--split preregistered`: the pre-registered test set (600 test tasks, docs/preregistered.md; `--max-tasks 0` all
+of it, `--seen 32 --held-out 16` the demo's 48). Tasks: `--max-tasks N` stratified tasks of the split, or `--seen N --held-out M` (N of templates seen in
 training, M of held-out templates). `--samples N` adds N sampled runs per task and prints greedy success
 with the unbiased pass@k for `--pass-k` at each `--temperature` (a markdown table; `passk.json`).
 """
@@ -28,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.epilog = "example: mpa eval --checkpoint starter --max-tasks 20"
     add_start_argument(parser, required=True, extra="; or 'untrained' for the config's random model")
-    parser.add_argument("--split", default=None, help="held-out split (default: config.eval.split)")
+    parser.add_argument("--split", default=None, help="held-out split, or 'preregistered': the pre-registered test set "
+                        "(docs/preregistered.md; default: config.eval.split)")
     parser.add_argument("--harness", default="off", help="on | off | both (both: the same checkpoint with and without the harness)")
     parser.add_argument("--k", type=int, default=None, help="runs per task (default: config.eval.k; 1 = one greedy run)")
     parser.add_argument("--max-tasks", type=int, default=None, help="tasks (stratified; default: config.eval.max_tasks; 0 = all)")
@@ -44,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.eval import HARNESS_MODES, Evaluator, evaluate, format_eval, format_passk, pass_ks, passk_report, select_tasks
+    from mpa_jax.eval import HARNESS_MODES, Evaluator, evaluate, evaluation_tasks, format_eval, format_passk, pass_ks, passk_report
     from mpa_jax.rollout.engines import RolloutSetupError
 
     if args.harness not in HARNESS_MODES:
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
             tasks = stratified(kind_tasks(args.env, config, split), int(config.eval.max_tasks if args.max_tasks is None else args.max_tasks))
         elif args.seen or args.held_out:
-            tasks = select_tasks(split, n_seen=args.seen, n_held_out=args.held_out, seed=int(config.tasks.seed),
+            tasks = evaluation_tasks(split, n_seen=args.seen, n_held_out=args.held_out, seed=int(config.tasks.seed),
                                  per_template=int(config.tasks.per_template))
         if args.samples:
             ks = pass_ks(args.samples, args.pass_k or ())
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
             if min(temps) <= 0:
                 raise UserError(f"--temperature {temps}: must be > 0 (greedy is always reported)")
             if tasks is None:
-                tasks = select_tasks(split, n=int(config.eval.max_tasks if args.max_tasks is None else args.max_tasks),
+                tasks = evaluation_tasks(split, n=int(config.eval.max_tasks if args.max_tasks is None else args.max_tasks),
                                      seed=int(config.tasks.seed), per_template=int(config.tasks.per_template))
             ev = Evaluator(config, tasks)
             report = passk_report(ev, ev.engine_for(ckpt, args.workdir), out, samples=args.samples, ks=ks, temperatures=temps)

@@ -260,11 +260,11 @@ def evaluate(config: Any, checkpoint: Any, *, out_dir: str, split: str | None = 
     """`Evaluator(config, tasks).evaluate(checkpoint, ...)`; tasks default to `config.eval.max_tasks`
     stratified tasks of `split` (default `config.eval.split`). `checkpoint`: an HF directory, an engine
     (with `tokenizer`), or None (the config's untrained model)."""
-    from mpa_jax.eval.tasks import select_tasks
+    from mpa_jax.eval.tasks import evaluation_tasks
 
     split = split or str(config.eval.split)
     if tasks is None:
-        tasks = select_tasks(split, n=int(config.eval.max_tasks if max_tasks is None else max_tasks),
+        tasks = evaluation_tasks(split, n=int(config.eval.max_tasks if max_tasks is None else max_tasks),
                              seed=int(config.tasks.seed), per_template=int(config.tasks.per_template))
     ev = Evaluator(config, tasks, tokenizer=tokenizer, progress=progress)
     return ev.evaluate(checkpoint, out_dir=out_dir, harness=harness, k=int(config.eval.k if k is None else k), label=label,

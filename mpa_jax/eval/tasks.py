@@ -1,13 +1,32 @@
 """Which tasks an evaluation runs: one stratified selection, optionally split into templates seen in training
-and held-out templates (no jax).
+and held-out templates, and the pre-registered test set (no jax).
 
-    select_tasks("dev", n_seen=32, n_held_out=16)   # the demo's and the loop's 48 dev tasks
+    select_tasks("dev", n_seen=32, n_held_out=16)   # 48 dev tasks (tuning)
     select_tasks("test", n=32)                       # 32 test tasks spread over domain x category
+    evaluation_tasks("preregistered", n_seen=32, n_held_out=16)   # the demo's and the loop's 48 test tasks
+
+The pre-registered test set (`preregistered_test.json` beside this module, docs/preregistered.md) is read
+only through `evaluation_tasks` / `preregistered_tasks`, and only evaluation code calls them (a test greps
+the tree): no selection, tuning or training code can reach it.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import pathlib
 from typing import Any, Sequence
+
+PREREGISTERED = "preregistered"  # the split name evaluation code accepts for the pre-registered test set
+PREREGISTERED_FILE = pathlib.Path(__file__).with_name("preregistered_test.json")
+# The task fields a listed task's hash covers: its content, not the record's bookkeeping (schema_version, the
+# generator's version number), so a new optional Task field or a version bump alone is no drift.
+HASHED_FIELDS = ("id", "domain", "category", "difficulty", "instruction", "tools", "verifier", "gold", "history", "roles",
+                 "initial_state", "faults", "template", "split", "seed", "persona_seed", "metadata")
+
+
+class PreregisteredError(ValueError):
+    """The pre-registered test set cannot be rebuilt as registered, or was asked for where it must not be."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,6 +78,9 @@ def select_tasks(split: str, *, n: int = 0, n_seen: int = 0, n_held_out: int = 0
     stratified over (domain, category)."""
     from mpa_jax.envs import load_tasks
 
+    if split == PREREGISTERED:
+        raise PreregisteredError(f"select_tasks({split!r}): the pre-registered test set is not a split to select from; "
+                                 "evaluation code reads it through evaluation_tasks()")
     tasks = load_tasks(split, seed=seed, per_template=per_template)
     if n_seen or n_held_out:
         ho = held_out_templates()
@@ -66,3 +88,109 @@ def select_tasks(split: str, *, n: int = 0, n_seen: int = 0, n_held_out: int = 0
         held = [t for t in tasks if t.template in ho]
         return (stratified(seen, n_seen) if n_seen else []) + (stratified(held, n_held_out) if n_held_out else [])
     return stratified(tasks, n)
+
+
+# ---------------------------------------------------------------------------- the pre-registered test set
+def task_digest(task: Any, fields: Sequence[str] = HASHED_FIELDS) -> str:
+    """sha256 of the canonical JSON of `task`'s `fields` (metadata without its `generator_version`)."""
+    from mpa_jax.envs.contract import canonical_json
+
+    d = task.to_dict()
+    content = {f: d[f] for f in fields}
+    if "metadata" in content:
+        content["metadata"] = {k: v for k, v in content["metadata"].items() if k != "generator_version"}
+    return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
+
+
+def build_preregistered(*, split: str = "test", seed: int = 0, per_template: int = 0, n_seen: int = 300,
+                        n_held_out: int = 300, demo_seen: int = 32, demo_held_out: int = 16,
+                        registered: str = "", commit: str = "") -> dict[str, Any]:
+    """The pre-registered list as written to `PREREGISTERED_FILE`: `n_seen` tasks of templates seen in training
+    then `n_held_out` of held-out templates of `split` (each part stratified over domain x category by
+    `select_tasks`), each with its template group and `task_digest`; the demo subset is the first `demo_seen`
+    of the seen part and the first `demo_held_out` of the held-out part (a stratified order: spread too)."""
+    if split == PREREGISTERED:
+        raise PreregisteredError("build_preregistered: split must be a benchmark split")
+    tasks = select_tasks(split, n_seen=n_seen, n_held_out=n_held_out, seed=seed, per_template=per_template)
+    entries = [{"id": t.id, "template": t.template, "group": template_group(t.template), "domain": t.domain,
+                "category": t.category, "sha256": task_digest(t)} for t in tasks]
+    seen = [e["id"] for e in entries if e["group"] == "seen"]
+    held = [e["id"] for e in entries if e["group"] == "held_out"]
+    if len(seen) != n_seen or len(held) != n_held_out:
+        raise PreregisteredError(f"build_preregistered: {split} has {len(seen)} seen / {len(held)} held-out tasks, "
+                                 f"wanted {n_seen} / {n_held_out}")
+    return {"name": "preregistered test set", "registered": registered, "commit": commit,
+            "rebuild": {"split": split, "seed": seed, "per_template": per_template, "n_seen": n_seen,
+                        "n_held_out": n_held_out, "demo_seen": demo_seen, "demo_held_out": demo_held_out},
+            "hashed_fields": list(HASHED_FIELDS), "tasks": entries,
+            "subsets": {"demo": seen[:demo_seen] + held[:demo_held_out]}}
+
+
+def _read_list(path: pathlib.Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise PreregisteredError(f"pre-registered test set {path}: cannot be read ({e})") from None
+    for key in ("rebuild", "hashed_fields", "tasks", "subsets"):
+        if key not in doc:
+            raise PreregisteredError(f"pre-registered test set {path}: no {key!r}")
+    return doc
+
+
+def preregistered_tasks(subset: str = "all", path: str | pathlib.Path | None = None) -> list[Any]:
+    """The pre-registered tasks in list order (`subset`: "all", "seen", "held_out" or a named subset of the file,
+    "demo"), rebuilt from the recorded split, tasks seed and per-template count; every listed task must still
+    exist with the same content hash and template group, else one PreregisteredError names what drifted."""
+    from mpa_jax.envs import load_tasks
+
+    path = pathlib.Path(path) if path is not None else PREREGISTERED_FILE
+    doc = _read_list(path)
+    rb = doc["rebuild"]
+    by_id = {t.id: t for t in load_tasks(str(rb["split"]), seed=int(rb["seed"]), per_template=int(rb["per_template"]))}
+    fields = tuple(doc["hashed_fields"])
+    missing, changed, regrouped = [], [], []
+    for e in doc["tasks"]:
+        t = by_id.get(e["id"])
+        if t is None:
+            missing.append(e["id"])
+        elif task_digest(t, fields) != e["sha256"]:
+            changed.append(e["id"])
+        elif template_group(t.template) != e["group"]:
+            regrouped.append(e["id"])
+    if missing or changed or regrouped:
+        parts = [f"{len(v)} {what} (first: {v[0]})" for v, what in
+                 ((missing, "no longer generated"), (changed, "changed content (sha256 mismatch)"),
+                  (regrouped, "moved between seen and held-out templates")) if v]
+        raise PreregisteredError(f"pre-registered test set {path} drifted from split {rb['split']!r} seed {rb['seed']} "
+                                 f"per_template {rb['per_template']}: " + "; ".join(parts)
+                                 + ". Its figures are void; re-register (docs/preregistered.md) rather than edit the list.")
+    if subset == "all":
+        ids = [e["id"] for e in doc["tasks"]]
+    elif subset in ("seen", "held_out"):
+        ids = [e["id"] for e in doc["tasks"] if e["group"] == subset]
+    elif subset in doc["subsets"]:
+        ids = list(doc["subsets"][subset])
+    else:
+        raise PreregisteredError(f"pre-registered test set: unknown subset {subset!r} (all, seen, held_out, "
+                                 + ", ".join(sorted(doc["subsets"])) + ")")
+    return [by_id[i] for i in ids]
+
+
+def evaluation_tasks(split: str, *, n: int = 0, n_seen: int = 0, n_held_out: int = 0, seed: int = 0,
+                     per_template: int = 0) -> list[Any]:
+    """The tasks an evaluation runs: `select_tasks` for a split or task file; for "preregistered", the
+    pre-registered list: the first `n_seen` of its seen part and the first `n_held_out` of its held-out part
+    when either is set (32 + 16 = its "demo" subset), else `n` stratified of the whole list (0 = all 600).
+    `seed`/`per_template` do not apply to it: the list records its own. Evaluation code only."""
+    if split != PREREGISTERED:
+        return select_tasks(split, n=n, n_seen=n_seen, n_held_out=n_held_out, seed=seed, per_template=per_template)
+    listed = preregistered_tasks("all")
+    if n_seen or n_held_out:
+        seen = [t for t in listed if template_group(t.template) == "seen"]
+        held = [t for t in listed if template_group(t.template) == "held_out"]
+        if n_seen > len(seen) or n_held_out > len(held):
+            raise PreregisteredError(f"pre-registered test set has {len(seen)} seen / {len(held)} held-out tasks, "
+                                     f"asked for {n_seen} / {n_held_out}")
+        return seen[:n_seen] + held[:n_held_out]
+    return stratified(listed, n)
