@@ -125,7 +125,8 @@ def run_rl(config: Any, workdir: str, *, init: str | None = None, max_steps: int
         runner = runner or EpisodeRunner.from_config(config)
         worker = RolloutWorker(source, runner, engine, tokenizer, rl=rl, rollout=config.rollout, seed=int(config.seed))
         worker.restore(prefetched)
-        writer = mlib.MetricsWriter(workdir)
+        # A resumed run rewrites the steps after its checkpoint: the JSONL and TensorBoard drop the old ones.
+        writer = mlib.MetricsWriter(workdir, keep_through=-1 if resumed_from is None else resumed_from)
         with Preemption() as pre:
             for step in range(start, stop_at):
                 t0 = time.perf_counter()
