@@ -1,0 +1,199 @@
+"""`SlotDecoder`: the device side of the engine: the slot state, the weights, and calls of the programs.
+
+`slots` rows (split over `replicas` weight copies: slot s lives on replica s % R as its slot s // R),
+each holding up to `max_len` tokens in columns [0, n) plus `chunk_tokens` columns of slack for a prefill
+chunk's padding. The host (`scheduler.SlotLoop`) decides what goes where; this class only packs host
+arrays into the programs' fixed shapes:
+
+- `place(moves)`: (src, dst, keep, with_logits) row moves (same replica), `max_prefill` per replica a call;
+- `extend(rows)`: (slot, tokens, held) up to `chunk_tokens` new tokens per row, `max_prefill` rows per
+  replica a call (rows bucketed: 1 or `max_prefill`);
+- `decode(...)`: one chunk of up to `long_chunk` steps over all of each replica's slots, attending over
+  `span` columns, one of two buckets (a quarter of the columns, or all): few compiled programs for
+  any mix of prompt lengths.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mpa_jax import models
+from mpa_jax.rollout.engine import programs
+
+__all__ = ["SlotDecoder", "SUPPORTED_FAMILIES", "bucket"]
+
+SUPPORTED_FAMILIES = tuple(models.registry.FAMILIES)  # every family implements `decode_slots`
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
+
+
+class SlotDecoder:
+    """Device state and program calls for `slots` rows of up to `max_len` tokens (module docstring).
+
+    `replica_mesh`: a 1-D ("replica",) mesh over R devices, each holding a copy of the weights and
+    S / R slots; `mesh`: the engine's sharding mesh (weights sharded by rules; the slot state
+    replicated over it); neither: one device.
+    """
+
+    def __init__(self, cfg: models.ModelConfig, *, slots: int, max_len: int, chunk: int = 8, vocab_limit: int | None = None,
+                 cache_dtype: str | None = None, replica_mesh: Any = None, mesh: Any = None, max_prefill: int = 16,
+                 long_chunk: int | None = None, chunk_tokens: int = 256) -> None:
+        if cfg.family not in SUPPORTED_FAMILIES:
+            raise ValueError(f"SlotDecoder: model family {cfg.family!r} has no slot decoding")
+        if chunk < 1 or max_len < 2:
+            raise ValueError(f"SlotDecoder: chunk must be >= 1 and max_len >= 2, got {chunk}, {max_len}")
+        if chunk_tokens < 1:
+            raise ValueError(f"SlotDecoder: chunk_tokens (prefill chunk) must be >= 1, got {chunk_tokens}")
+        self.cfg = cfg
+        self.replicas = int(replica_mesh.devices.size) if replica_mesh is not None else 1
+        self.per_replica = bucket(-(-max(int(slots), 1) // self.replicas))
+        self.slots = self.per_replica * self.replicas
+        self.chunk = int(chunk)
+        self.long_chunk = max(int(long_chunk) if long_chunk is not None else 4 * self.chunk, self.chunk)
+        self.max_len = int(max_len)
+        self.chunk_tokens = int(chunk_tokens)
+        self.cols = self.max_len + self.chunk_tokens  # a last prefill chunk's padding never wraps
+        self.max_prefill = min(bucket(max_prefill), self.per_replica)
+        self.vocab_limit = int(vocab_limit) if vocab_limit is not None else int(cfg.vocab_size)
+        self.cache_dtype = cache_dtype
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        self._shard_map_mesh = replica_mesh
+        if replica_mesh is not None:
+            self._rows = NamedSharding(replica_mesh, PartitionSpec("replica"))
+            self._out = None
+        elif mesh is not None:
+            self._rows = self._out = NamedSharding(mesh, PartitionSpec())
+        else:
+            self._rows = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            self._out = None
+        self._dparams: Any = None
+        self.version = ""
+        state = jax.eval_shape(lambda: models.init_slot_state(cfg, self.per_replica, self.cols, cache_dtype))
+        self.state = jax.device_put(jax.tree.map(lambda s: jnp.zeros((self.replicas,) + s.shape, s.dtype), state), self._rows)
+        self.logits = jax.device_put(jnp.zeros((self.replicas, self.per_replica, cfg.vocab_size), jnp.float32), self._rows)
+        self.prefills = 0  # extend program calls
+        self.places = 0  # place program calls
+        self.steps = 0  # decode chunk calls
+        self.programs: set[tuple] = set()  # distinct program shapes called (each one compilation)
+
+    # ---- weights and shapes ---------------------------------------------------------------------------
+
+    def set_weights(self, params: Any, version: str) -> None:
+        """Prepare `params` (placed as the programs expect) for decoding; labels later tokens `version`."""
+        self._dparams = programs.decode_params_program(self.cfg)(params)
+        self.programs.add(("decode_params",))
+        self.version = str(version)
+
+    @property
+    def ready(self) -> bool:
+        return self._dparams is not None
+
+    def fits(self, prompt_len: int, max_new: int) -> bool:
+        """Whether a request fits one slot."""
+        return int(prompt_len) + int(max_new) <= self.max_len
+
+    def span(self, needed: int) -> int:
+        """Columns a chunk attends over when its rows hold at most `needed` (its steps included): a
+        quarter of the slot's columns or all of them (two programs whatever the lengths)."""
+        quarter = -(-self.cols // 4)
+        return quarter if needed <= quarter else self.cols
+
+    def prefill_rows(self, n: int) -> int:
+        """Rows per replica of an extend call for up to `n` rows on the busiest replica: 1 or max_prefill."""
+        return 1 if n <= 1 else self.max_prefill
+
+    # ---- programs -------------------------------------------------------------------------------------
+
+    def _put(self, a: np.ndarray) -> jax.Array:
+        return jax.device_put(np.ascontiguousarray(a), self._rows)
+
+    def place(self, moves: list[tuple[int, int, int, bool]]) -> None:
+        """Row moves (src slot, dst slot, tokens kept, copy its logits), each within one replica; at most
+        `max_prefill` per replica (the caller splits). All reads see the state before the call."""
+        if not moves:
+            return
+        r, nb = self.replicas, self.max_prefill
+        ints = np.zeros((r, nb, 4), np.int32)
+        ints[:, :, 1] = self.per_replica  # filler: dropped
+        fill = [0] * r
+        for src, dst, keep, with_logits in moves:
+            k = dst % r
+            if src % r != k:
+                raise ValueError(f"SlotDecoder.place: slots {src} and {dst} are on different replicas")
+            ints[k, fill[k]] = (src // r, dst // r, keep, int(with_logits))
+            fill[k] += 1
+        if max(fill) > nb:
+            raise ValueError(f"SlotDecoder.place: {max(fill)} moves on one replica (at most {nb} a call)")
+        self.programs.add(("place", nb))
+        program = programs.place_program(self.cfg, self._shard_map_mesh, self._out)
+        self.state, self.logits = program(self.state, self.logits, self._put(ints))
+        self.places += 1
+
+    def extend(self, rows: list[tuple[int, list[int], int]]) -> None:
+        """Continue slots by up to `chunk_tokens` new tokens each: (slot, tokens, tokens the slot holds);
+        at most `max_prefill` rows per replica (the caller splits). Each slot's logits become those after
+        its last new token."""
+        r, c = self.replicas, self.chunk_tokens
+        per_rep = [0] * r
+        for s, _, _ in rows:
+            per_rep[s % r] += 1
+        nb = self.prefill_rows(max(per_rep))
+        if max(per_rep) > nb:
+            raise ValueError(f"SlotDecoder.extend: {max(per_rep)} rows on one replica (at most {nb} a call)")
+        ids = np.zeros((r, nb, c), np.int32)
+        ints = np.zeros((r, nb, 3), np.int32)
+        ints[:, :, 1] = self.per_replica  # filler: dropped
+        fill = [0] * r
+        for s, toks, held in rows:
+            if not 0 < len(toks) <= c or held + len(toks) > self.max_len:
+                raise ValueError(f"SlotDecoder.extend: {len(toks)} tokens after {held} do not fit a chunk of {c} / slot of {self.max_len}")
+            k, j = s % r, fill[s % r]
+            fill[k] += 1
+            ids[k, j, : len(toks)] = toks
+            ints[k, j] = (len(toks), s // r, held)
+        self.programs.add(("extend", nb, c))
+        program = programs.extend_program(self.cfg, self.cache_dtype, self._shard_map_mesh, self._out)
+        self.state, self.logits = program(self._dparams, self.state, self.logits, self._put(ids), self._put(ints))
+        self.prefills += 1
+
+    def decode(self, pos: np.ndarray, t: np.ndarray, live: np.ndarray, seeds: np.ndarray, temperature: np.ndarray,
+               top_k: np.ndarray, top_p: np.ndarray, max_new: np.ndarray, stops: np.ndarray, *, greedy: bool,
+               filtered: bool, n_top: int, steps: int | None = None, span: int | None = None) -> tuple[np.ndarray, ...]:
+        """One chunk of `steps` (default `chunk`, at most `long_chunk`) over every slot, attending over
+        the first `span` columns (default all). Per-slot host arrays [S, ...] in slot order; returns numpy
+        in slot order (tokens [S, long_chunk], log-probs, emitted, live [S], stopped [S], top ids, top
+        log-probs)."""
+        r, per = self.replicas, self.per_replica
+        width = per
+
+        def to_dev(a: np.ndarray) -> np.ndarray:  # [S, ...] slot order -> [R, per, ...]
+            return np.swapaxes(a.reshape((per, r) + a.shape[1:]), 0, 1)[:, :width]
+
+        def to_host(a: np.ndarray) -> np.ndarray:  # [R, per, ...] -> [S, ...] slot order
+            return np.swapaxes(a, 0, 1).reshape((self.slots,) + a.shape[2:])
+
+        steps = self.chunk if steps is None else int(steps)
+        span = self.cols if span is None else int(span)
+        if not 1 <= steps <= self.long_chunk or span > self.cols or (live.any() and int(pos[live].max()) + steps > span):
+            raise ValueError(f"SlotDecoder.decode: {steps} steps over a span of {span} do not fit the rows")
+        self.programs.add(("chunk", self.long_chunk, greedy, filtered, n_top, width, span))
+        program = programs.chunk_program(self.cfg, self.vocab_limit, self.long_chunk, greedy, filtered, n_top, width, span,
+                                         self._shard_map_mesh, self._out)
+        # Two host->device transfers per chunk (ints, floats), not one per knob: each is a round trip per replica.
+        n_run = np.full((self.slots,), steps, np.int32)
+        ints = np.concatenate([np.stack([pos, t, live, seeds.view(np.int32), top_k, max_new, n_run], axis=1).astype(np.int32),
+                               stops.astype(np.int32)], axis=1)
+        floats = np.stack([temperature, top_p], axis=1).astype(np.float32)
+        self.state, self.logits, *outs = program(self._dparams, self.state, self.logits, self._put(to_dev(ints)),
+                                                 self._put(to_dev(floats)))
+        self.steps += 1
+        return tuple(to_host(np.asarray(x)) for x in jax.device_get(outs))
