@@ -30,7 +30,7 @@ from mpa_jax.rollout.types import EngineError, GenerateResult, RolloutEngine, Sa
 _LAZY = {
     "Engine": "mpa_jax.rollout.jax_engine",
     "SGLangEngine": "mpa_jax.rollout.sglang",
-    "hf_exporter": "mpa_jax.rollout.sglang",
+    "hf_exporter": "mpa_jax.export_sync",
     "EpisodeConfig": "mpa_jax.rollout.runner",
     "EpisodeRunner": "mpa_jax.rollout.runner",
     "make_engine": "mpa_jax.rollout.engines",

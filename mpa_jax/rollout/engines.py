@@ -66,7 +66,8 @@ def make_engine(
             f"checkpoint {checkpoint} is not an exported Hugging Face directory (no config.json); run `mpa export` on it first"
         )
     if kind == "sglang":
-        from mpa_jax.rollout.sglang import engine_from_config, hf_exporter
+        from mpa_jax.export_sync import hf_exporter
+        from mpa_jax.rollout.sglang import engine_from_config
 
         exporter = None
         if model_cfg is not None:

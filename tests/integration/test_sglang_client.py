@@ -71,7 +71,7 @@ def test_health_model_info_and_weight_sync(setup):
     assert client.model_info()["model_path"] == setup["other"]
     # From a params pytree: the client exports an HF checkpoint and has the server load it.
     from mpa_jax import models
-    from mpa_jax.rollout.sglang import hf_exporter
+    from mpa_jax.export_sync import hf_exporter
 
     original = models.from_pretrained(setup["ckpt"])
     client.exporter = hf_exporter(original.cfg, dtype="float32")
