@@ -118,6 +118,8 @@ def get_config() -> ml_collections.ConfigDict:
     # reuse the keys/values the engine's slot rows already hold (False: every prompt prefilled whole).
     c.rollout.prefill_chunk = 256
     c.rollout.prefix_cache = True
+    # Keep compiled engine programs under <workdir>/xla_cache when make_engine knows the run's workdir (RL).
+    c.rollout.compilation_cache = True
 
     # Serving.
     c.serve = ml_collections.ConfigDict()

@@ -34,6 +34,7 @@ def make_engine(
     vocab_limit: int | None = None,
     tokenizer_dir: str | None = None,
     export_root: str | None = None,
+    workdir: str | None = None,
 ) -> RolloutEngine:
     """The engine `config.rollout.engine` names ("jax" or "sglang"), with weights from one of:
 
@@ -46,6 +47,10 @@ def make_engine(
     jax: with `config.rollout.sharded`, parameters are placed on the mesh of `config.mesh`; otherwise
     `config.rollout.replicas` weight copies over the local devices. sglang: a client for
     `config.rollout.sglang_url`.
+
+    Compilation cache: with `config.rollout.compilation_cache`, the embedded engine's programs are kept
+    under `<workdir>/xla_cache` (`workdir`, else the directory above `export_root`: RL's run directory),
+    so a resumed or repeated run loads them instead of compiling; without a workdir, nothing is written.
 
     The vocabulary rule: ids the tokenizer cannot produce are never sampled. Pass the `tokenizer`
     (its `vocab_size` becomes the engine's `vocab_limit`) or `vocab_limit` itself; a tokenizer larger
@@ -93,6 +98,11 @@ def make_engine(
     from mpa_jax.rollout.engine import Engine, check_vocab_limit
     from mpa_jax.rollout.types import EngineError
 
+    run_dir = workdir or (os.path.dirname(os.path.normpath(export_root)) if export_root else None)
+    if run_dir and bool(config.rollout.compilation_cache):
+        from mpa_jax.rollout.engine.compiles import persistent_cache
+
+        persistent_cache(run_dir)
     chunk = int(config.rollout.prefill_chunk)
     if chunk < 1:
         raise RolloutSetupError(f"config.rollout.prefill_chunk must be >= 1, got {chunk}")

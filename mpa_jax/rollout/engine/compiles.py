@@ -44,3 +44,19 @@ class counting:
 
     def __exit__(self, *exc: Any) -> None:
         _counting.counter = self._before
+
+
+def persistent_cache(workdir: str) -> str | None:
+    """Turn on JAX's persistent compilation cache under `<workdir>/xla_cache` (programs compiled by an
+    earlier run of the same shapes load from disk instead of compiling: minutes per program at Qwen3-1.7B
+    shape on a GPU). A cache directory already configured (`JAX_COMPILATION_CACHE_DIR` or an earlier
+    call) is kept. Returns the directory in use."""
+    import os
+
+    current = jax.config.jax_compilation_cache_dir
+    if current:
+        return current
+    path = os.path.join(os.path.abspath(workdir), "xla_cache")
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    return path
