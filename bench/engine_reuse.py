@@ -10,7 +10,7 @@ unpacked under /tmp, so nothing in the repository changes), on the same tasks, s
   schedule (each episode's next turn submitted when its feedback is ready: `Engine.submit`);
 - RL step's groups: `--group` samples of each of `--tasks` dev tasks at temperature 1, rounds schedule (as
   `mpa rl` collects them: every batch on an idle engine);
-- program mix: a random model of the starter's shape, `--mix` prompts of 1..`--mix-max` tokens (4 new
+- program mix: a small random model (2 layers, width 32), `--mix` prompts of 1..`--mix-max` tokens (4 new
   tokens each) through `generate` in batches of 8: the compiled programs it needs.
 
 Printed per side: episodes/s, prefill tokens computed per prompt-side token (the episode's final length
@@ -97,13 +97,16 @@ def worker(args: argparse.Namespace) -> dict:
     cfg = EpisodeConfig.from_config(config.rollout, seed=0, greedy=True, batch_size=len(tasks), planner="bench",
                                     schedule="continuous")
     out["eval"] = run(tasks, cfg, args.slots, rounds=False)
+    print(f"eval done: {out['eval']}", file=sys.stderr, flush=True)
     groups = [t for t in dev[::max(len(dev) // args.tasks, 1)][: args.tasks] for _ in range(args.group)]
     cfg = EpisodeConfig.from_config(config.rollout, seed=1, temperature=1.0, top_p=1.0, top_k=-1, batch_size=len(groups),
                                     planner="bench", schedule="rounds")
     out["rl"] = run(groups, cfg, len(groups), rounds=True)
+    print(f"rl done: {out['rl']}", file=sys.stderr, flush=True)
     runner.close()
-    # The program mix: a random model of the starter's shape.
-    mcfg = models.from_pretrained(args.starter).cfg.replace(max_position_embeddings=max(args.mix_max + 16, 4096 + 16))
+    # The program mix: a small random model (what is counted is programs, which do not depend on its width).
+    mcfg = models.ModelConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=8, max_position_embeddings=args.mix_max + 16)
     eng = Engine(mcfg, models.init_params(mcfg, jax.random.key(0)), slots=8, slot_len=args.mix_max + 8, max_batch=8,
                  replicas=args.replicas)
     rng = np.random.default_rng(0)
@@ -140,10 +143,10 @@ def main() -> int:
     for side, tree in (("base", base_dir), ("new", ROOT)):
         env = {**os.environ, "PYTHONPATH": tree + os.pathsep + os.environ.get("PYTHONPATH", ""), "JAX_PLATFORMS": "cpu"}
         argv = [sys.executable, os.path.join(ROOT, "bench", "engine_reuse.py"), "--worker"] + sys.argv[1:]
-        proc = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True)
+        proc = subprocess.run(argv, env=env, cwd=tree, stdout=subprocess.PIPE, text=True)  # progress on stderr
         line = [x for x in proc.stdout.splitlines() if x.startswith("WORKER ")]
         if proc.returncode or not line:
-            sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+            sys.stderr.write(proc.stdout[-3000:])
             return 1
         results[side] = json.loads(line[-1][len("WORKER "):])
         r = results[side]

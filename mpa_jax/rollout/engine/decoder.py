@@ -5,12 +5,11 @@ each holding up to `max_len` tokens in columns [0, n) plus `chunk_tokens` column
 chunk's padding. The host (`scheduler.SlotLoop`) decides what goes where; this class only packs host
 arrays into the programs' fixed shapes:
 
-- `place(moves)`: (src, dst, keep, with_logits) row moves (same replica), `max_prefill` per replica a call;
-- `extend(rows)`: (slot, tokens, held) up to `chunk_tokens` new tokens per row, `max_prefill` rows per
-  replica a call (rows bucketed: 1 or `max_prefill`);
-- `decode(...)`: one chunk of up to `long_chunk` steps over all of each replica's slots, attending over
-  `span` columns, one of two buckets (a quarter of the columns, or all): few compiled programs for
-  any mix of prompt lengths.
+- `admit(rows)`: per row a placement (a prefix copied from another row of the same replica, cut, emptied)
+  and up to `chunk_tokens` new tokens, `max_prefill` rows per replica a call (one program);
+- `decode(...)`: one chunk of up to `long_chunk` steps over each replica's first slot (a lone request) or
+  all its slots, attending over `span` columns, a quarter of the columns or all: four programs per
+  sampling path for any mix of prompt lengths.
 """
 from __future__ import annotations
 
@@ -61,7 +60,7 @@ class SlotDecoder:
         self.max_len = int(max_len)
         self.chunk_tokens = int(chunk_tokens)
         self.cols = self.max_len + self.chunk_tokens  # a last prefill chunk's padding never wraps
-        self.max_prefill = min(bucket(max_prefill), self.per_replica)
+        self.max_prefill = min(bucket(max_prefill), self.per_replica)  # rows per replica of every admission call
         self.vocab_limit = int(vocab_limit) if vocab_limit is not None else int(cfg.vocab_size)
         self.cache_dtype = cache_dtype
         from jax.sharding import NamedSharding, PartitionSpec
@@ -80,8 +79,7 @@ class SlotDecoder:
         state = jax.eval_shape(lambda: models.init_slot_state(cfg, self.per_replica, self.cols, cache_dtype))
         self.state = jax.device_put(jax.tree.map(lambda s: jnp.zeros((self.replicas,) + s.shape, s.dtype), state), self._rows)
         self.logits = jax.device_put(jnp.zeros((self.replicas, self.per_replica, cfg.vocab_size), jnp.float32), self._rows)
-        self.prefills = 0  # extend program calls
-        self.places = 0  # place program calls
+        self.prefills = 0  # admission program calls
         self.steps = 0  # decode chunk calls
         self.programs: set[tuple] = set()  # distinct program shapes called (each one compilation)
 
@@ -107,61 +105,36 @@ class SlotDecoder:
         quarter = -(-self.cols // 4)
         return quarter if needed <= quarter else self.cols
 
-    def prefill_rows(self, n: int) -> int:
-        """Rows per replica of an extend call for up to `n` rows on the busiest replica: 1 or max_prefill."""
-        return 1 if n <= 1 else self.max_prefill
-
     # ---- programs -------------------------------------------------------------------------------------
 
     def _put(self, a: np.ndarray) -> jax.Array:
         return jax.device_put(np.ascontiguousarray(a), self._rows)
 
-    def place(self, moves: list[tuple[int, int, int, bool]]) -> None:
-        """Row moves (src slot, dst slot, tokens kept, copy its logits), each within one replica; at most
-        `max_prefill` per replica (the caller splits). All reads see the state before the call."""
-        if not moves:
-            return
-        r, nb = self.replicas, self.max_prefill
-        ints = np.zeros((r, nb, 4), np.int32)
+    def admit(self, rows: list[tuple[int, int, int, bool, list[int], int]]) -> None:
+        """One admission call: per row (src slot, dst slot, tokens kept, copy its logits, new tokens, tokens
+        held before them): dst becomes src's first `keep` tokens (src == dst with keep = what it holds: left
+        as it is), then gets up to `chunk_tokens` new tokens (its logits: those after the last one). At most
+        `max_prefill` rows per replica (the caller splits); src and dst on the same replica. All placements
+        of a call read the state before it."""
+        r, c, nb = self.replicas, self.chunk_tokens, self.max_prefill
+        ids = np.zeros((r, nb, c), np.int32)
+        ints = np.zeros((r, nb, 6), np.int32)
         ints[:, :, 1] = self.per_replica  # filler: dropped
         fill = [0] * r
-        for src, dst, keep, with_logits in moves:
+        for src, dst, keep, with_logits, toks, start in rows:
             k = dst % r
             if src % r != k:
-                raise ValueError(f"SlotDecoder.place: slots {src} and {dst} are on different replicas")
-            ints[k, fill[k]] = (src // r, dst // r, keep, int(with_logits))
-            fill[k] += 1
-        if max(fill) > nb:
-            raise ValueError(f"SlotDecoder.place: {max(fill)} moves on one replica (at most {nb} a call)")
-        self.programs.add(("place", nb))
-        program = programs.place_program(self.cfg, self._shard_map_mesh, self._out)
-        self.state, self.logits = program(self.state, self.logits, self._put(ints))
-        self.places += 1
-
-    def extend(self, rows: list[tuple[int, list[int], int]]) -> None:
-        """Continue slots by up to `chunk_tokens` new tokens each: (slot, tokens, tokens the slot holds);
-        at most `max_prefill` rows per replica (the caller splits). Each slot's logits become those after
-        its last new token."""
-        r, c = self.replicas, self.chunk_tokens
-        per_rep = [0] * r
-        for s, _, _ in rows:
-            per_rep[s % r] += 1
-        nb = self.prefill_rows(max(per_rep))
-        if max(per_rep) > nb:
-            raise ValueError(f"SlotDecoder.extend: {max(per_rep)} rows on one replica (at most {nb} a call)")
-        ids = np.zeros((r, nb, c), np.int32)
-        ints = np.zeros((r, nb, 3), np.int32)
-        ints[:, :, 1] = self.per_replica  # filler: dropped
-        fill = [0] * r
-        for s, toks, held in rows:
-            if not 0 < len(toks) <= c or held + len(toks) > self.max_len:
-                raise ValueError(f"SlotDecoder.extend: {len(toks)} tokens after {held} do not fit a chunk of {c} / slot of {self.max_len}")
-            k, j = s % r, fill[s % r]
+                raise ValueError(f"SlotDecoder.admit: slots {src} and {dst} are on different replicas")
+            if len(toks) > c or start + len(toks) > self.max_len:
+                raise ValueError(f"SlotDecoder.admit: {len(toks)} tokens after {start} do not fit a chunk of {c} / slot of {self.max_len}")
+            if fill[k] == nb:
+                raise ValueError(f"SlotDecoder.admit: more than {nb} rows on one replica in one call")
+            j = fill[k]
             fill[k] += 1
             ids[k, j, : len(toks)] = toks
-            ints[k, j] = (len(toks), s // r, held)
-        self.programs.add(("extend", nb, c))
-        program = programs.extend_program(self.cfg, self.cache_dtype, self._shard_map_mesh, self._out)
+            ints[k, j] = (src // r, dst // r, keep, int(with_logits), len(toks), start)
+        self.programs.add(("admit", nb, c))
+        program = programs.admit_program(self.cfg, self.cache_dtype, self._shard_map_mesh, self._out)
         self.state, self.logits = program(self._dparams, self.state, self.logits, self._put(ids), self._put(ints))
         self.prefills += 1
 
@@ -173,13 +146,16 @@ class SlotDecoder:
         in slot order (tokens [S, long_chunk], log-probs, emitted, live [S], stopped [S], top ids, top
         log-probs)."""
         r, per = self.replicas, self.per_replica
-        width = per
+        # Rows computed per replica: the first slot alone when it is all that runs (a lone request), else all.
+        width = 1 if not live.any() or int(np.flatnonzero(live).max()) < r else per
 
-        def to_dev(a: np.ndarray) -> np.ndarray:  # [S, ...] slot order -> [R, per, ...]
+        def to_dev(a: np.ndarray) -> np.ndarray:  # [S, ...] slot order -> [R, width, ...]
             return np.swapaxes(a.reshape((per, r) + a.shape[1:]), 0, 1)[:, :width]
 
-        def to_host(a: np.ndarray) -> np.ndarray:  # [R, per, ...] -> [S, ...] slot order
-            return np.swapaxes(a, 0, 1).reshape((self.slots,) + a.shape[2:])
+        def to_host(a: np.ndarray) -> np.ndarray:  # [R, width, ...] -> [S, ...] slot order, zero-filled
+            full = np.zeros((r, per) + a.shape[2:], a.dtype)
+            full[:, :width] = a
+            return np.swapaxes(full, 0, 1).reshape((self.slots,) + a.shape[2:])
 
         steps = self.chunk if steps is None else int(steps)
         span = self.cols if span is None else int(span)

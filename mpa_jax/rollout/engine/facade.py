@@ -120,7 +120,7 @@ class Engine:
         weight_version: str = "0",
         cache_dtype: str | None = None,
         max_batch: int = 16,
-        max_prefill: int = 16,
+        max_prefill: int = 4,
         prefill_chunk: int = 256,
         prefix_cache: bool = True,
         idle_exit_s: float = 2.0,
@@ -271,7 +271,7 @@ class Engine:
             return out
         out.update({"admitted": float(loop.admitted), "finished": float(loop.finished), "fallback_rows": float(loop.fallback_rows),
                     "cancelled_rows": float(loop.cancelled_rows), "prefills": float(loop.dec.prefills),
-                    "places": float(loop.dec.places), "chunks": float(loop.dec.steps), "loop_thread": float(loop.thread_alive),
+                    "chunks": float(loop.dec.steps), "loop_thread": float(loop.thread_alive),
                     "prompt_tokens": float(loop.prompt_tokens), "cached_tokens": float(loop.cached_tokens),
                     "prefill_tokens": float(loop.prefill_tokens), "prefill_columns": float(loop.prefill_columns),
                     **{f"{k}_s": v for k, v in loop.seconds.items()}})

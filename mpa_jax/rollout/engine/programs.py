@@ -5,10 +5,10 @@ program per weight copy, no communication) or as a plain jit (R = 1; a sharding 
 outputs). They are cached per static shape, so engines of the same architecture share them:
 
 - `decode_params_program(cfg)`: the weights prepared once per weight version.
-- `place_program(cfg)`: rows copied from other rows up to a kept length (a shared prefix), cut back, or
-  emptied (`models.place_slots`), with their next-token logits when asked.
-- `extend_program(cfg, chunk)`: one fixed-size chunk of new tokens into each of `nb` rows after what
-  they hold (`models.extend_slots`): a prompt, or the part of one the row does not hold yet.
+- `admit_program(cfg)`: each of `nb` rows placed (copied from another row up to a kept length: a shared
+  prefix; cut back; emptied: `models.place_slots`, with the next-token logits when asked), then continued
+  by one fixed-size chunk of new tokens after what it holds (`models.extend_slots`): a prompt, or the part
+  of one the row does not hold yet.
 - `chunk_program(...)`: up to `steps` decode steps (a traced count) over the first `width` slots of each
   replica, attending over the first `span` columns (gathered once per chunk and written back): each
   slot with its own sampling knobs, seed, step counter, stop ids and token budget. `step` is the one
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from mpa_jax import models
 from mpa_jax.rollout import sampling
 
-__all__ = ["decode_params_program", "place_program", "extend_program", "chunk_program", "step"]
+__all__ = ["decode_params_program", "admit_program", "chunk_program", "step"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,37 +47,32 @@ def _per_replica(fn: Callable, mesh: Any, n_args: int, out: Any, donate: tuple[i
 
 
 @functools.lru_cache(maxsize=None)
-def place_program(cfg: models.ModelConfig, mesh: Any, out: Any):
-    def place(_, state, logits, ints):
-        # One replica: ints [1, nb, 4] = (src, dst, keep, copy logits) as slots of this replica.
-        src, dst, keep, with_logits = ints[0, :, 0], ints[0, :, 1], ints[0, :, 2], ints[0, :, 3] != 0
-        one = jax.tree.map(lambda x: x[0], state)
-        one = models.place_slots(cfg, one, src, dst, keep)
-        lg = logits[0]
-        moved = jnp.where(with_logits[:, None], lg[jnp.clip(src, 0, lg.shape[0] - 1)], lg[jnp.clip(dst, 0, lg.shape[0] - 1)])
-        return jax.tree.map(lambda x: x[None], one), lg.at[dst].set(moved, mode="drop")[None]
+def admit_program(cfg: models.ModelConfig, cache_dtype: str | None, mesh: Any, out: Any):
+    """Admission, one program for every case: each of `nb` rows is first placed (`models.place_slots`: a
+    prefix copied from another row, cut, emptied, or left as it is), then continued by up to C new tokens
+    (`models.extend_slots`: a chunk of its prompt); rows with no new tokens keep the logits placed with them."""
 
-    fn = _per_replica(place, mesh, 4, out, (1, 2))
-    return lambda state, logits, ints: fn(jnp.zeros((), jnp.int32), state, logits, ints)
-
-
-@functools.lru_cache(maxsize=None)
-def extend_program(cfg: models.ModelConfig, cache_dtype: str | None, mesh: Any, out: Any):
-    def extend(params, state, logits, ids, ints):
-        # One replica: ids [1, nb, C]; ints [1, nb, 3] = (new tokens, slot in the replica, tokens it holds).
-        n, rows, starts = ints[0, :, 0], ints[0, :, 1], ints[0, :, 2]
+    def admit(params, state, logits, ids, ints):
+        # One replica: ids [1, nb, C]; ints [1, nb, 6] = (src, dst, keep, copy logits, new tokens, start) as
+        # slots of this replica (dst out of range: filler).
+        src, dst, keep, with_logits, n, start = (ints[0, :, j] for j in range(6))
+        per = logits.shape[1]
 
         def run(state, logits):
             one = jax.tree.map(lambda x: x[0], state)
-            lg, one = models.extend_slots(cfg, params, one, ids[0], n, rows, starts, cache_dtype)
-            return jax.tree.map(lambda x: x[None], one), logits.at[0, rows].set(lg, mode="drop")
+            one = models.place_slots(cfg, one, src, dst, keep)
+            lg = logits[0]
+            moved = jnp.where((with_logits != 0)[:, None], lg[jnp.clip(src, 0, per - 1)], lg[jnp.clip(dst, 0, per - 1)])
+            lg = lg.at[dst].set(moved, mode="drop")
+            new, one = models.extend_slots(cfg, params, one, ids[0], n, dst, start, cache_dtype)
+            lg = lg.at[jnp.where(n > 0, dst, per)].set(new, mode="drop")
+            return jax.tree.map(lambda x: x[None], one), lg[None]
 
         # A replica with no row of its own this call skips the work (its filler rows would take a core
         # from the replica that has one: a lone returning episode is the common admission).
-        per = logits.shape[1]
-        return jax.lax.cond(jnp.any(rows < per), run, lambda s, lg: (s, lg), state, logits)
+        return jax.lax.cond(jnp.any(dst < per), run, lambda s, lg: (s, lg), state, logits)
 
-    return _per_replica(extend, mesh, 5, out, (1, 2))
+    return _per_replica(admit, mesh, 5, out, (1, 2))
 
 
 def step(cfg: models.ModelConfig, vocab_limit: int, greedy: bool, filtered: bool, n_top: int, params: Any, keys: jax.Array,

@@ -392,25 +392,19 @@ class SlotLoop:
 
     def _execute(self, plan: list[_Admission]) -> None:
         dec = self.dec
-        moves = []
-        for a in plan:
-            held = len(self.index.held[a.src]) if self.index.valid(a.src) else 0
-            if a.src == a.dst and a.keep == held and a.keep > 0:
-                continue  # continued in place: the row already holds exactly the reused tokens
-            moves.append((a.src, a.dst, a.keep, a.keep == len(a.req.prompt)))
-        for group in _split(moves, lambda m: m[1] % dec.replicas, dec.max_prefill):
-            dec.place(group)
-        # The rest of each prompt in fixed-size chunks, rows batched per call.
         c = dec.chunk_tokens
-        todo = [(a.dst, a.req.prompt[a.keep:], a.keep) for a in plan if a.keep < len(a.req.prompt)]
-        k = 0
-        while True:
-            rows = [(s, toks[k * c:(k + 1) * c], held + k * c) for s, toks, held in todo if len(toks) > k * c]
-            if not rows:
-                break
-            for group in _split(rows, lambda row: row[0] % dec.replicas, dec.max_prefill):
-                dec.extend(group)
-                self.prefill_columns += c * dec.prefill_rows(max(_per_replica_counts(group, dec.replicas))) * dec.replicas
+        # First calls: each row's placement with the first chunk of the rest of its prompt. Copies go first,
+        # so that no row is continued before every copy of it in this round has read it.
+        first = sorted(plan, key=lambda a: a.src == a.dst)
+        rows = [(a.src, a.dst, a.keep, a.keep == len(a.req.prompt), a.req.prompt[a.keep:a.keep + c], a.keep) for a in first]
+        k = 1
+        while rows:
+            for group in _split(rows, lambda row: row[1] % dec.replicas, dec.max_prefill):
+                dec.admit(group)
+                self.prefill_columns += c * dec.max_prefill * dec.replicas
+            # Later calls: the next chunk of each longer prompt, its row left as it is.
+            rows = [(a.dst, a.dst, a.keep + k * c, False, a.req.prompt[a.keep + k * c:a.keep + (k + 1) * c], a.keep + k * c)
+                    for a in plan if len(a.req.prompt) > a.keep + k * c]
             k += 1
         for a in plan:
             req = a.req
