@@ -1,7 +1,8 @@
-"""The prefix cache and bounded compilation, today's engine (a git ref, default `main`) vs this tree, in one run.
+"""The prefix cache and bounded compilation, today's engine (a git ref, default this branch's merge base with
+`main`) vs this tree, in one run.
 
     python bench/engine_reuse.py                               # 24 dev episodes, 4 tasks x G=4, 200-prompt mix
-    python bench/engine_reuse.py --episodes 48 --base-ref main
+    python bench/engine_reuse.py --episodes 48 --base-ref cc209a8
 
 Each side runs in its own process with its own source tree on `sys.path` (the base: `git archive REF`
 unpacked under /tmp, so nothing in the repository changes), on the same tasks, seeds and settings:
@@ -130,12 +131,15 @@ def main() -> int:
     ap.add_argument("--mix", type=int, default=200)
     ap.add_argument("--mix-max", type=int, default=4000)
     ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--base-ref", default="main", help="git ref of today's engine")
+    ap.add_argument("--base-ref", default="", help="git ref of today's engine (default: where this branch left main)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print("WORKER " + json.dumps(worker(args)), flush=True)
         return 0
+    if not args.base_ref:
+        args.base_ref = subprocess.run(["git", "-C", ROOT, "merge-base", "HEAD", "main"], check=True, capture_output=True,
+                                       text=True).stdout.strip()[:12]
     base_dir = tempfile.mkdtemp(prefix="mpa_base_")
     archive = subprocess.run(["git", "-C", ROOT, "archive", args.base_ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", base_dir], input=archive, check=True)
