@@ -44,7 +44,7 @@ class SlotDecoder:
 
     def __init__(self, cfg: models.ModelConfig, *, slots: int, max_len: int, chunk: int = 8, vocab_limit: int | None = None,
                  cache_dtype: str | None = None, replica_mesh: Any = None, mesh: Any = None, max_prefill: int = 16,
-                 long_chunk: int | None = None, chunk_tokens: int = 256) -> None:
+                 long_chunk: int | None = None, chunk_tokens: int = 256, min_span: int = 256) -> None:
         if cfg.family not in SUPPORTED_FAMILIES:
             raise ValueError(f"SlotDecoder: model family {cfg.family!r} has no slot decoding")
         if chunk < 1 or max_len < 2:
@@ -60,6 +60,7 @@ class SlotDecoder:
         self.max_len = int(max_len)
         self.chunk_tokens = int(chunk_tokens)
         self.cols = self.max_len + self.chunk_tokens  # a last prefill chunk's padding never wraps
+        self.min_span = int(min_span)
         self.max_prefill = min(bucket(max_prefill), self.per_replica)  # rows per replica of every admission call
         self.vocab_limit = int(vocab_limit) if vocab_limit is not None else int(cfg.vocab_size)
         self.cache_dtype = cache_dtype
@@ -100,10 +101,9 @@ class SlotDecoder:
         return int(prompt_len) + int(max_new) <= self.max_len
 
     def span(self, needed: int) -> int:
-        """Columns a chunk attends over when its rows hold at most `needed` (its steps included): a
-        quarter of the slot's columns or all of them (two programs whatever the lengths)."""
-        quarter = -(-self.cols // 4)
-        return quarter if needed <= quarter else self.cols
+        """Columns a chunk attends over when its rows hold at most `needed` (its steps included): a power of
+        two from `min_span` (attention and the window copy cost what the rows hold), capped at the columns."""
+        return min(bucket(needed, self.min_span), self.cols)
 
     # ---- programs -------------------------------------------------------------------------------------
 
