@@ -8,8 +8,8 @@ arrays into the programs' fixed shapes:
 - `admit(rows)`: per row a placement (a prefix copied from another row of the same replica, cut, emptied)
   and up to `chunk_tokens` new tokens, `max_prefill` rows per replica a call (one program);
 - `decode(...)`: one chunk of up to `long_chunk` steps over each replica's first slot (a lone request) or
-  all its slots, attending over `span` columns, a quarter of the columns or all: four programs per
-  sampling path for any mix of prompt lengths.
+  all its slots, attending over `span` columns (a power of two from `min_span`, 256): programs per sampling
+  path = 2 widths x the spans the rows reach, whatever the mix of prompt lengths below them.
 """
 from __future__ import annotations
 
