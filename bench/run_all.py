@@ -267,8 +267,9 @@ NEEDS_ACCELERATOR = {"models_accel"}
 # figures are counts, not speeds; tests/unit/test_fuzz_episodes.py runs it small); rl_pool_transfer reads an RL-lift
 # experiment's outputs and world_shift is a success figure of a checkpoint (docs/experiments.md); rl_lift_gpu is an
 # experiment for a lent GPU (its figures go to docs/perf.md by hand; tests/integration/test_benches.py dry-runs it):
-# all are run by hand
-SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer", "world_shift", "rl_lift_gpu"}
+# external_replay replays the external benchmarks' ground truth (counts, not speeds; tests/unit/test_bfcl.py and
+# test_agentdojo.py run it small): all are run by hand
+SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer", "world_shift", "rl_lift_gpu", "external_replay"}
 
 
 def benches() -> list[str]:

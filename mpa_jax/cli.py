@@ -84,7 +84,7 @@ def add_start_argument(parser: argparse.ArgumentParser, *, required: bool = Fals
     """`--checkpoint PATH|starter`, the one flag every command that takes a start uses (same meaning
     everywhere). The CLI resolves it and fits the config before the command runs (`args.start`)."""
     parser.add_argument("--checkpoint", default=None, required=required, metavar="PATH|starter", help=START_HELP + extra)
-    parser.set_defaults(_takes_start=True)
+    parser.set_defaults(takes_start=True)
 
 
 def _resumed_start(command: str, workdir: str) -> str | None:
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             apply_override(config, key, value)
         if args.workdir is None:
             args.workdir = os.path.join("runs", str(config.get("name", os.path.splitext(os.path.basename(args.config))[0])))
-        if getattr(args, "_takes_start", False):
+        if getattr(args, "takes_start", False):
             config = _fit_to_start(args, config, {key for key, _ in overrides}, name)
         from mpa_jax.envs.context import ContextFormat
 

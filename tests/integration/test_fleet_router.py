@@ -128,7 +128,7 @@ def test_rl_through_sglang_router_with_a_worker_killed_mid_step(fleet, tmp_path)
     logs = {a: fleet["procs"][0][1], b: fleet["procs"][1][1]}
     # The router knows the model from the workers' /server_info and their load from /get_load.
     listed = _router_workers(router)
-    assert {w["model_id"] for w in listed.values()} == {"tiny"}
+    assert {w["model_id"] for w in listed.values()} == {os.path.basename(fleet["start"])}  # the served name: the checkpoint's
     assert all(w["metadata"]["model_path"] == fleet["start"] for w in listed.values())
     assert all(w["load"] >= 0 for w in httpx.get(router + "/get_loads", timeout=10).json()["workers"])
 

@@ -168,7 +168,7 @@ def test_env_exceptions_become_infra():
 def test_config_envs_section_reaches_make_env_and_the_pool():
     c = load_config_file("configs/tiny.py")
     lim = limits_from_config(c)
-    assert lim["adb"] == KindLimits(1, 60.0) and lim["sandbox"].concurrency == 0 and set(lim) == {"sandbox", "simulated", "adb"}
+    assert lim["adb"] == KindLimits(1, 60.0) and lim["sandbox"].concurrency == 0 and set(lim) == {"sandbox", "simulated", "adb", "bfcl", "agentdojo"}
     del c.envs.adb["concurrency"]
     with pytest.raises(ValueError, match=r"config.envs.adb.concurrency is missing"):
         limits_from_config(c)  # configs/ is the one source of the pool's limits
