@@ -23,6 +23,7 @@ from mpa_jax.files import write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = "example: mpa demo --workdir runs/demo_short   (the untrained, starter and starter + SFT rows only; make demo runs the loop)"
     parser.add_argument("--split", default=None, help="held-out split to evaluate on (default: config.loop.eval_split, the loop's: tiny 'preregistered')")
     parser.add_argument("--eval-tasks", type=int, default=None,
                         help="tasks of templates seen in training per evaluation (default: config.demo.eval_seen)")

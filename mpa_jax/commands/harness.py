@@ -24,6 +24,8 @@ ACTIONS = ("tools", "call", "mine", "review", "eval")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("examples: mpa harness tools --mcp mcp-server-time   |   mpa harness tools --query 'text Ana I am late' --k 5"
+                     "   |   mpa harness eval --planner oracle --split dev --max-tasks 20")
     parser.add_argument("action", choices=ACTIONS, help="what to do")
     parser.add_argument("--mcp", action="append", default=[], metavar="ENTRY",
                         help='an MCP server: "CMD ARGS", optionally led by name=N prefix=P rename=OLD:NEW allow=a,b,'
