@@ -44,7 +44,8 @@ setup(
         "mpa_jax.envs": "envs",
         "mpa_jax.harness": "harness",
     },
-    package_data={"mpa_jax.harness": ["skills/*.json"]},  # the shipped skills; envs has no data files
+    # the shipped skills and the pre-registered test list; envs has no data files
+    package_data={"mpa_jax.harness": ["skills/*.json"], "mpa_jax.eval": ["preregistered_test.json"]},
     install_requires=CORE,
     extras_require={
         "test": [

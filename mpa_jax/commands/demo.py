@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tasks of templates seen in training per evaluation (default: config.demo.eval_seen)")
     parser.add_argument("--eval-held-out", type=int, default=None,
                         help="tasks of held-out templates per evaluation (default: config.demo.eval_held_out)")
-    parser.add_argument("--starter", default=None, help="starter planner directory (default: config.demo.starter; '' = from scratch)")
+    parser.add_argument("--checkpoint", "--starter", dest="starter", default=None, help="starter planner directory (default: config.demo.starter; '' = from scratch)")
     parser.add_argument("--fresh", action="store_true", help="delete the run directory's earlier demo outputs first")
 
 
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
     starter_arg = str(config.demo.starter) if args.starter is None else args.starter
     starter_dir = find_starter(starter_arg)
     if starter_arg and starter_dir is None and args.starter is not None:
-        raise UserError(f"--starter {starter_arg}: no config.json there")
+        raise UserError(f"--checkpoint {starter_arg}: no config.json there")
     try:
         starter = load_starter(starter_dir) if starter_dir else None
     except StarterError as e:

@@ -9,10 +9,10 @@ EXPERIMENTS = ("care-vs-vanilla", "rl-lift")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = ("example: mpa experiment rl-lift --config rl_lift --init starter --seeds 2 --algos care,vanilla"
+    parser.epilog = ("example: mpa experiment rl-lift --config rl_lift --checkpoint starter --seeds 2 --algos care,vanilla"
                      " --eval-every 20 --until 40 --workdir runs/lift")
     parser.add_argument("name", help=f"the experiment: one of {', '.join(EXPERIMENTS)}")
-    parser.add_argument("--init", default=None,
+    parser.add_argument("--checkpoint", "--init", dest="init", default=None,
                         help="the SFT checkpoint both algorithms start from (HF dir or orbax run dir); "
                              "default: oracle demonstrations of config.rl.templates + SFT, made into <workdir>/sft")
     parser.add_argument("--seeds", type=int, default=2, help="seeds per algorithm (config.seed, config.seed+1, ...)")

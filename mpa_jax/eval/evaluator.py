@@ -156,7 +156,6 @@ class Evaluator:
         """Per harness mode, one greedy run (k = 1) or the sampled mode (k > 1: pass@k for `ks`, default 1 and k,
         and pass^k); writes `<out_dir>/eval.json` once and returns it. `harness_config` replaces
         `config.harness` for the "on" mode (`mpa harness eval`'s settings)."""
-        from mpa_jax.harness.runtime import version_of
 
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -186,7 +185,8 @@ class Evaluator:
             "weight_version": str(getattr(engine, "weight_version", "")),
             "tasks": len(self.tasks), "k": k, "ks": list(ks), "greedy": k == 1, "harness": results,
             "temperature": 0.0 if k == 1 else float(self.config.rollout.temperature if temperature is None else temperature),
-            "harness_version": version_of(harness_version_dir) if harness_version_dir and "on" in modes else "none",
+            # the version the harness-on runner actually ran (an argument or config.harness.version_dir)
+            "harness_version": results["on"]["harness_version"] if "on" in modes else "none",
             "wall_s": time.perf_counter() - t0,
         }
         if split is not None:
