@@ -39,11 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
     r.checkpoint_every = 5
     r.seq_len, r.tokens_per_micro_batch = 2048, 4096
     c.checkpoint.keep = 2
-    # A world-general start: before RL, one SFT refresh of --init on oracle demonstrations of every train template
-    # set in persona worlds of no split (mpa_jax.sft.world_refresh); 0 steps = RL from --init itself.
-    c.lift = ml_collections.ConfigDict()
-    c.lift.refresh_steps = 0
-    c.lift.refresh_worlds = 1024
-    c.lift.refresh_per_template = 4
-    c.lift.refresh_lr = 1e-4
+    # A world-general start (c.lift, configs/tiny.py): before RL, one SFT refresh of the start on oracle demonstrations
+    # of every train template set in persona worlds of no split (mpa_jax.sft.world_refresh); 0 steps (the default)
+    # = RL from the start itself: `--config.lift.refresh_steps=300`.
     return c

@@ -228,6 +228,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.checkpoint_every = 5  # RL steps
     c.rl.save_rollouts = True  # each step's rollouts to <workdir>/rollouts/step_N.jsonl (competence, failure mining)
     c.rl.log_every = 1
+    # `mpa experiment rl-lift` (mpa_jax/experiments/rl_lift.py): refresh_steps > 0 first SFTs the start on oracle
+    # demonstrations of every train template in refresh_worlds persona worlds of no split (0 = RL from the start itself)
+    c.lift = ml_collections.ConfigDict()
+    c.lift.refresh_steps = 0
+    c.lift.refresh_worlds = 1024
+    c.lift.refresh_per_template = 4
+    c.lift.refresh_lr = 1e-4
 
     # AI for Data (mpa_jax/data): construction, curation, feedback. (issue 18)
     c.data = ml_collections.ConfigDict()

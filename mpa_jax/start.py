@@ -4,6 +4,7 @@
 
     start = resolve_start("starter")                # or an HF directory, or an orbax run directory
     config = config_for_start(None, start)          # the default config fitted to it (or pass your own)
+    config, start = fit_start(config, "runs/sft")   # both at once (RL runs and experiments given init=)
 
 `resolve_start(path_or_name)` accepts
 
@@ -279,5 +280,14 @@ def config_for_start(config: Any | None, start: Start, *, workdir: str | None = 
     return c
 
 
-__all__ = ["CARD", "STARTER_NAME", "Start", "StartError", "card_for_export", "config_for_start", "make_card", "read_card",
-           "resolve_start", "stamp_run_dir", "write_hf_card"]
+def fit_start(config: Any | None, path_or_name: str, *, workdir: str | None = None, explicit: Iterable[str] = (),
+              log: Callable[[str], None] | None = None) -> tuple[Any, Start]:
+    """(`config` fitted to the start `path_or_name`, the Start): `resolve_start` then `config_for_start`,
+    the one way a library caller (an RL run or an experiment given `init=`) names a start, as the CLI's
+    `--checkpoint` does. Raises StartError."""
+    start = resolve_start(path_or_name)
+    return config_for_start(config, start, workdir=workdir, explicit=explicit, log=log), start
+
+
+__all__ = ["CARD", "STARTER_NAME", "Start", "StartError", "card_for_export", "config_for_start", "fit_start", "make_card",
+           "read_card", "resolve_start", "stamp_run_dir", "write_hf_card"]

@@ -1,5 +1,11 @@
-"""`mpa experiment care-vs-vanilla|rl-lift --config ... [--init DIR] [--seeds N]`: named experiments
-(`mpa_jax.experiments.care_vs_vanilla`, `mpa_jax.experiments.rl_lift`)."""
+"""`mpa experiment care-vs-vanilla|rl-lift --config ... [--checkpoint PATH|starter] [--seeds N]`: named experiments
+(`mpa_jax.experiments.care_vs_vanilla`, `mpa_jax.experiments.rl_lift`).
+
+`--checkpoint` is the start as every command names one (an HF directory, a run directory or `starter`): the CLI
+fits the config to it (its shape, tokenizer, context format, positions) before the config is saved, and every arm
+starts from it with that config (each arm's directory carries its own resolved config and card). `--init` is the
+old spelling.
+"""
 from __future__ import annotations
 
 import argparse
@@ -9,12 +15,14 @@ EXPERIMENTS = ("care-vs-vanilla", "rl-lift")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mpa_jax.cli import add_start_argument
+
     parser.epilog = ("example: mpa experiment rl-lift --config rl_lift --checkpoint starter --seeds 2 --algos care,vanilla"
                      " --eval-every 20 --until 40 --workdir runs/lift")
     parser.add_argument("name", help=f"the experiment: one of {', '.join(EXPERIMENTS)}")
-    parser.add_argument("--checkpoint", "--init", dest="init", default=None,
-                        help="the SFT checkpoint both algorithms start from (HF dir or orbax run dir); "
-                             "default: oracle demonstrations of config.rl.templates + SFT, made into <workdir>/sft")
+    add_start_argument(parser, extra="; every arm starts from it (default: config.model.init_from; care-vs-vanilla without"
+                                     " either: oracle demonstrations of config.rl.templates + SFT, made into <workdir>/sft)")
+    parser.add_argument("--init", dest="checkpoint", help=argparse.SUPPRESS)  # the old spelling of --checkpoint
     parser.add_argument("--seeds", type=int, default=2, help="seeds per algorithm (config.seed, config.seed+1, ...)")
     parser.add_argument("--algos", default="care", help="rl-lift: comma-separated arms (care, vanilla)")
     parser.add_argument("--eval-every", type=int, default=25, help="rl-lift: RL steps between greedy dev evaluations")
@@ -31,21 +39,25 @@ def run(args: argparse.Namespace, config: Any) -> int:
         raise UserError(f"unknown experiment {args.name!r}; known: {', '.join(EXPERIMENTS)}")
     from mpa_jax.train import CheckpointError
 
+    # the CLI resolved the start and fitted the config to it (config.model.init_from = its HF directory)
+    start = getattr(args, "start", None)
+    recipe = {"command": getattr(args, "command_line", None), "config_file": getattr(args, "config_file", None),
+              "start": start.path if start is not None else None}
     try:
         if args.name == "rl-lift":
             from mpa_jax.experiments.rl_lift import rl_lift, table
 
             algos = [a.strip() for a in args.algos.split(",") if a.strip()]
-            if not args.init or any(a not in ("care", "vanilla") for a in algos):
-                raise UserError("rl-lift needs --init DIR and --algos from care, vanilla")
-            summary = rl_lift(config, args.workdir, init=args.init, seeds=args.seeds, algos=algos, eval_every=args.eval_every,
-                              n_seen=args.seen, n_held_out=args.held_out, until=args.until)
+            if start is None or any(a not in ("care", "vanilla") for a in algos):
+                raise UserError("rl-lift needs --checkpoint PATH|starter and --algos from care, vanilla")
+            summary = rl_lift(config, args.workdir, seeds=args.seeds, algos=algos, eval_every=args.eval_every,
+                              n_seen=args.seen, n_held_out=args.held_out, until=args.until, recipe=recipe)
             print(table(summary))
             print(f"plot {summary['png']}   summary {args.workdir}/summary.json")
             return 0
         from mpa_jax.experiments.care_vs_vanilla import care_vs_vanilla, table
 
-        summary = care_vs_vanilla(config, args.workdir, init=args.init, seeds=args.seeds)
+        summary = care_vs_vanilla(config, args.workdir, seeds=args.seeds, recipe=recipe)
     except (CheckpointError, ValueError) as e:
         raise UserError(str(e)) from None
     print(table(summary))

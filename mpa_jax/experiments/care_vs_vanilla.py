@@ -2,10 +2,13 @@
 
     result = care_vs_vanilla(config, workdir, init=None, seeds=2)
 
-Without `init`, the starting checkpoint is made here: oracle demonstrations of the train tasks of
-`config.rl.templates` -> `run_sft` -> an exported HF directory (`<workdir>/sft/hf`), so that the
-policy starts with non-zero success on exactly the tasks RL trains on. Each arm is a `run_rl` into
-`<workdir>/<algo>-s<seed>`; a seed fixes the task order and sampling seeds, so arms with the same
+The start is named as every command names one: `init` (an HF directory, a run directory or `starter`; the config
+is fitted to it: `experiments/arms.py`), else the start the config names already (`mpa experiment --checkpoint`:
+the CLI fitted it; or `config.model.init_from`). With neither, the starting checkpoint is made here: oracle
+demonstrations of the train tasks of `config.rl.templates` -> `run_sft` -> an exported HF directory
+(`<workdir>/sft/hf`), so that the policy starts with non-zero success on exactly the tasks RL trains on, and the
+config is fitted to it. Each arm is a `run_rl` into `<workdir>/<algo>-s<seed>`, which carries the arm's resolved
+config and card (a start itself); a seed fixes the task order and sampling seeds, so arms with the same
 seed see the same tasks in the same order (a paired comparison); the arms differ in `rl.algo` only (the vanilla
 arm keeps the config's lambda schedule, which it ignores, so that both keep the same groups: `rl/care.py`). Writes `summary.json`,
 `care_vs_vanilla.png` (success and mean output tokens per step, mean over seeds with each seed
@@ -14,11 +17,13 @@ faint) and `table.md` (final-step values) into `workdir`.
 from __future__ import annotations
 
 import copy
-import json
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from mpa_jax.experiments.arms import arm_config, fitted, prepare_arm
+from mpa_jax.files import write_json, write_text
 
 ALGOS = ("care", "vanilla")
 
@@ -45,34 +50,36 @@ def make_sft_start(config: Any, workdir: str, progress: bool = True) -> str:
 
 
 def care_vs_vanilla(config: Any, workdir: str, *, init: str | None = None, seeds: int = 2, algos: Sequence[str] = ALGOS,
-                    progress: bool = True) -> dict[str, Any]:
-    """Run every (algo, seed) arm (resuming finished or interrupted ones) and summarise; see the module docstring."""
+                    progress: bool = True, recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run every (algo, seed) arm (resuming finished or interrupted ones) and summarise; see the module docstring.
+    `recipe`: what ran it (`command`, `config_file`, `start`), for the arms' cards."""
     from mpa_jax.rl.trainer import run_rl
 
     if seeds < 1:
         raise ValueError(f"care-vs-vanilla needs at least one seed, got {seeds}")
     os.makedirs(workdir, exist_ok=True)
-    init = init or make_sft_start(config, workdir, progress=progress)
+    config = fitted(config, init, workdir)
+    if not str(config.model.init_from):
+        config = fitted(config, make_sft_start(config, workdir, progress=progress), workdir)
+    start = str(config.model.init_from)
     runs: dict[str, dict[int, list[dict[str, float]]]] = {a: {} for a in algos}
     base_seed = int(config.seed)
     for seed in range(base_seed, base_seed + seeds):
         for algo in algos:
-            cfg = copy.deepcopy(config)
-            cfg.rl.algo, cfg.seed = algo, seed
+            cfg = arm_config(config, algo, seed)
             run_dir = os.path.join(workdir, f"{algo}-s{seed}")
-            run_rl(cfg, run_dir, init=init, progress=progress)
+            prepare_arm(cfg, run_dir, recipe)
+            run_rl(cfg, run_dir, progress=progress)
             from mpa_jax.train.metrics import read_metrics
 
             recs = {int(r["step"]): r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))}  # last record per step
             runs[algo][seed] = [recs[s] for s in sorted(recs)]
     summary = summarise(runs)
-    summary.update(init=init, seeds=seeds, steps=int(config.rl.steps), tasks_per_step=int(config.rl.tasks_per_step),
+    summary.update(init=start, seeds=seeds, steps=int(config.rl.steps), tasks_per_step=int(config.rl.tasks_per_step),
                    group_size=int(config.rl.group_size), templates=str(config.rl.templates))
-    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
+    write_json(os.path.join(workdir, "summary.json"), summary)
     plot(runs, os.path.join(workdir, "care_vs_vanilla.png"))
-    with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
-        f.write(table(summary) + "\n")
+    write_text(os.path.join(workdir, "table.md"), table(summary) + "\n")
     summary["png"] = os.path.join(workdir, "care_vs_vanilla.png")
     return summary
 

@@ -1,8 +1,9 @@
 """`mpa experiment rl-lift`: can RL lift the planner on held-out tasks? A learning result that can fail.
 
-    mpa experiment rl-lift --config configs/rl_lift.py --init starter --seeds 2 [--algos care,vanilla]
+    mpa experiment rl-lift --config configs/rl_lift.py --checkpoint starter --seeds 2 [--algos care,vanilla]
 
-From one start (the shipped starter), each (algo, seed) arm runs `run_rl` with competence-aware selection
+From one start (e.g. the shipped starter; named as every command names one, the config fitted to it:
+`experiments/arms.py`), each (algo, seed) arm runs `run_rl` (its directory carries its resolved config and card) with competence-aware selection
 (`configs/rl_lift.py`) in segments of `--eval-every` steps; after each segment its checkpoint is exported and
 evaluated greedily, harness off, on the same dev tasks (`--seen` of templates seen in training + `--held-out`
 of held-out templates; 96 + 48 by default), and a row goes to `<arm>/curve.jsonl`: step, training episodes
@@ -20,20 +21,14 @@ episodes) and `report.html` (all of it in one page). Target (issue 28): +8 point
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-
-def _arm_config(config: Any, algo: str, seed: int) -> Any:
-    """An arm's config: `rl.algo` and the seed change, nothing else. The vanilla arm keeps the lambda schedule (its
-    advantages ignore it) because the matched-arms rule keeps a group by CARE's reward or vanilla's in both arms."""
-    cfg = copy.deepcopy(config)
-    cfg.rl.algo, cfg.seed = algo, seed
-    return cfg
+from mpa_jax.experiments.arms import arm_config, fitted, prepare_arm
+from mpa_jax.files import write_json, write_text
 
 
 def _read_curve(path: str) -> list[dict[str, Any]]:
@@ -142,13 +137,17 @@ def _markers(checkpoint: str) -> dict[str, Any] | None:
     return {"tool_call_id": tok.token_id("<tool_call>"), "think": think}
 
 
-def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequence[str] = ("care",), eval_every: int = 25,
-            n_seen: int = 96, n_held_out: int = 48, until: int | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run every arm (resuming) and summarise; see the module docstring. `until` stops (and summarises) every arm
-    at that step of the `config.rl.steps` schedule (the learning-rate schedule stays that of the whole run)."""
+def rl_lift(config: Any, workdir: str, *, init: str | None = None, seeds: int = 2, algos: Sequence[str] = ("care",),
+            eval_every: int = 25, n_seen: int = 96, n_held_out: int = 48, until: int | None = None, progress: bool = True,
+            recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run every arm (resuming) and summarise; see the module docstring. The start: `init` (the config is fitted to
+    it), else the one the config names (`config.model.init_from`: the CLI's `--checkpoint`). `until` stops (and
+    summarises) every arm at that step of the `config.rl.steps` schedule (the learning-rate schedule stays that of
+    the whole run). `recipe`: what ran it (`command`, `config_file`, `start`), for the arms' cards."""
     from mpa_jax.eval import Evaluator, select_tasks
     from mpa_jax.export import export_checkpoint
     from mpa_jax.rl.trainer import run_rl
+    from mpa_jax.tokenizer.select import tokenizer_dir_for_config
     from mpa_jax.train.metrics import read_metrics
 
     if seeds < 1 or eval_every < 1:
@@ -158,38 +157,44 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
     if not 0 < steps <= schedule:
         raise ValueError(f"rl-lift --until must be in 1..config.rl.steps ({schedule}), got {until}")
     os.makedirs(workdir, exist_ok=True)
+    config = fitted(config, init, workdir)
+    init = str(config.model.init_from)  # the start's HF directory
+    if not init:
+        raise ValueError("rl-lift needs a start: --checkpoint PATH|starter (an HF directory, a run directory or the starter)")
     tasks = select_tasks("dev", n_seen=n_seen, n_held_out=n_held_out, seed=int(config.tasks.seed),
                          per_template=int(config.tasks.per_template))
     ev = Evaluator(config, tasks, progress=progress)
-    markers = _markers(init)
+    markers = _markers(tokenizer_dir_for_config(config, workdir) or init)
     start_dir = os.path.join(workdir, "eval", "start")
     start = _completed(_point(ev.evaluate(init, out_dir=start_dir, label="start", workdir=workdir), 0, 0.0), start_dir, markers)
-    refresh, rl_init = None, init
-    lift = config.get("lift")
-    if lift is not None and int(lift.refresh_steps) > 0:  # every arm starts from one world-general refresh of init
+    refresh, arm_base = None, config
+    if int(config.lift.refresh_steps) > 0:  # every arm starts from one world-general refresh of init
         from mpa_jax.sft.world_refresh import world_refresh
 
+        lift = config.lift
         rl_init, refresh = world_refresh(config, init, os.path.join(workdir, "refresh"), worlds=int(lift.refresh_worlds),
                                          per_template=int(lift.refresh_per_template), steps=int(lift.refresh_steps),
                                          lr=float(lift.refresh_lr), progress=progress)
         refresh_dir = os.path.join(workdir, "eval", "refresh")
         refresh["point"] = _completed(_point(ev.evaluate(rl_init, out_dir=refresh_dir, label="refresh", workdir=workdir), 0, 0.0),
                                       refresh_dir, markers)
+        arm_base = fitted(config, rl_init, workdir)
     arms: dict[str, dict[int, list[dict[str, Any]]]] = {a: {} for a in algos}
     base = int(config.seed)
     for seed in range(base, base + seeds):
         for algo in algos:
-            cfg = _arm_config(config, algo, seed)
+            cfg = arm_config(arm_base, algo, seed)
             run_dir = os.path.join(workdir, f"{algo}-s{seed}")
+            prepare_arm(cfg, run_dir, recipe)
             curve_path = os.path.join(run_dir, "curve.jsonl")
             curve = [_completed(p, os.path.join(run_dir, "eval", f"step_{p['step']}"), markers) for p in _read_curve(curve_path)]
             done = {int(p["step"]) for p in curve}
             for stop in range(eval_every, steps + 1, eval_every):
                 if stop in done:
                     continue
-                res = run_rl(cfg, run_dir, init=rl_init, max_steps=stop, progress=progress)
+                res = run_rl(cfg, run_dir, max_steps=stop, progress=progress)
                 hf = export_checkpoint(res.checkpoint_dir, os.path.join(run_dir, "hf", f"step_{stop}"), dtype="float32",
-                                       tokenizer_dir=rl_init)
+                                       tokenizer_dir=tokenizer_dir_for_config(cfg, run_dir))
                 eval_dir = os.path.join(run_dir, "eval", f"step_{stop}")
                 rep = ev.evaluate(hf, out_dir=eval_dir, label=f"{algo}-s{seed}@{stop}", workdir=workdir)
                 episodes = sum(float(r.get("rl/rollouts", 0.0)) for r in {int(r["step"]): r for r in read_metrics(res.metrics_path)}.values())
@@ -198,13 +203,11 @@ def rl_lift(config: Any, workdir: str, *, init: str, seeds: int = 2, algos: Sequ
                     f.write(json.dumps(point, sort_keys=True) + "\n")
                 curve.append(_completed(point, eval_dir, markers))
             arms[algo][seed] = sorted((p for p in curve if p["step"] <= steps), key=lambda p: p["step"])  # the budget asked for
-    summary = {"start": start, "refresh": refresh, "tasks": len(tasks), "seen": n_seen, "held_out": n_held_out, "steps": steps,
-               "schedule": schedule, "eval_every": eval_every,
+    summary = {"start": start, "init": init, "refresh": refresh, "tasks": len(tasks), "seen": n_seen, "held_out": n_held_out,
+               "steps": steps, "schedule": schedule, "eval_every": eval_every,
                "arms": {a: {str(s): c for s, c in by.items()} for a, by in arms.items()}}
-    with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
-    with open(os.path.join(workdir, "table.md"), "w", encoding="utf-8") as f:
-        f.write(table(summary) + "\n\n" + curve_table(summary) + "\n")
+    write_json(os.path.join(workdir, "summary.json"), summary)
+    write_text(os.path.join(workdir, "table.md"), table(summary) + "\n\n" + curve_table(summary) + "\n")
     summary["png"] = plot(summary, os.path.join(workdir, "rl_lift.png"))
     summary["report"] = write_lift_report(workdir, summary, summary["png"])
     return summary

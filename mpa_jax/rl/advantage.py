@@ -1,7 +1,8 @@
 """The `Care` role of the RL loop: advantages from a step's rollouts and the competence table (DESIGN §6).
 
     care = Care(config.rl, CompetenceTable.from_config(config.rl))
-    keep = care.keep_rule()            # matched arms: which groups a step trains on (for the rollout worker)
+    plan = care.selection()            # for the rollout worker: the table as it stands (selection draws by it) and
+                                       # the matched-arms keep rule priced with it (which groups a step trains on)
     scored = care.score(rollouts)      # per rollout: advantage, competence, lambda; per group: key, lambda, own
     care.observe(rollouts)             # fold the step's verified outcomes (kept *and* left-out groups) in
 
@@ -41,6 +42,15 @@ class Scored:
     groups: list[dict[str, Any]]  # per kept group: kind, key, cell, competence, lambda, own (the key had evidence)
 
 
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """What competence-aware selection needs for one step: `competence`, a snapshot of the table (templates are
+    drawn by it), and `keep(rollouts, group)`, the matched-arms rule priced with the same snapshot."""
+
+    competence: CompetenceTable
+    keep: Callable[[Rollouts, int], bool]
+
+
 class Care:
     """Advantages and competence for one run (`rl`: the `config.rl` section)."""
 
@@ -49,10 +59,16 @@ class Care:
         self.rl, self.table = rl, table
         self.is_care = str(rl.algo) == "care"
 
-    def keep_rule(self) -> Callable[[Rollouts, int], bool]:
+    def selection(self) -> Selection:
+        """The step's `Selection`: a snapshot of the table now (a prefetch thread never sees a half-updated table)
+        and the keep rule priced with it."""
+        table = copy.deepcopy(self.table)
+        return Selection(table, self.keep_rule(table))
+
+    def keep_rule(self, table: CompetenceTable | None = None) -> Callable[[Rollouts, int], bool]:
         """`keep(rollouts, group)`: the group's rewards vary under CARE's reward or vanilla's (the same rule for both
-        arms), with lambda from a snapshot of the table now (a prefetch thread never sees a half-updated table)."""
-        table, rl = copy.deepcopy(self.table), self.rl
+        arms), with lambda from `table` (default: a snapshot of this run's table now)."""
+        table, rl = (copy.deepcopy(self.table) if table is None else table), self.rl
 
         def keep(r: Rollouts, group: int) -> bool:
             idx = [i for i, g in enumerate(r.groups) if g == group]

@@ -66,9 +66,9 @@ def check_rl_config(cfg: Any) -> None:
         raise ValueError(f"config.rl.beta={cfg.beta} must be >= 0")
     if not float(cfg.adv_clip) > 0:
         raise ValueError(f"config.rl.adv_clip={cfg.adv_clip} must be > 0")
-    if not float(cfg.get("cost_sharpness", 1.0)) > 0:
+    if not float(cfg.cost_sharpness) > 0:
         raise ValueError(f"config.rl.cost_sharpness={cfg.cost_sharpness} must be > 0")
-    if not float(cfg.get("failure_cost", 0.0)) >= 0:
+    if not float(cfg.failure_cost) >= 0:
         raise ValueError(f"config.rl.failure_cost={cfg.failure_cost} must be >= 0")
     if float(cfg.tool_call_cost) < 0:
         raise ValueError(f"config.rl.tool_call_cost={cfg.tool_call_cost} must be >= 0")
@@ -78,10 +78,10 @@ def check_rl_config(cfg: Any) -> None:
         raise ValueError(f"config.rl.competence_prior={cfg.competence_prior} must be > 0 (pseudo-episodes)")
     if not 0.0 <= float(cfg.competence_init) <= 1.0:
         raise ValueError(f"config.rl.competence_init={cfg.competence_init} must be in [0, 1]")
-    neg = float(cfg.get("negative_scale", 1.0))
+    neg = float(cfg.negative_scale)
     if not (0.0 <= neg <= 1.0):
         raise ValueError(f"config.rl.negative_scale={neg} must be in [0, 1]")
-    opt = str(cfg.get("optimizer", "adamw"))
+    opt = str(cfg.optimizer)
     if opt not in ("adamw", "sgd"):
         raise ValueError(f"config.rl.optimizer must be 'adamw' or 'sgd', got {opt!r}")
 
@@ -143,9 +143,9 @@ def rewards(*, success, cost, key, competence, cfg: Any, group=None) -> np.ndarr
     if str(cfg.algo) == "vanilla":
         return r
     lam = lambda_schedule(competence, cfg)
-    sharp = float(cfg.get("cost_sharpness", 1.0))
+    sharp = float(cfg.cost_sharpness)
     r = np.where(success, 1.0 - lam * normalised_cost(success, cost, key, sharp), 0.0)
-    f = float(cfg.get("failure_cost", 0.0))
+    f = float(cfg.failure_cost)
     if f > 0:
         priced = ~success & np.isin(group, group[success])
         fail_hat = normalised_cost(~success, cost, key, sharp)
@@ -159,7 +159,7 @@ def advantages(*, success, cost, group, key, competence, cfg: Any) -> np.ndarray
     success, cost, group, key, competence = _check_inputs(success, cost, group, key, competence)
     care = str(cfg.algo) == "care"
     r = rewards(success=success, cost=cost, key=key, competence=competence, cfg=cfg, group=group)
-    neg_scale = float(cfg.get("negative_scale", 1.0))
+    neg_scale = float(cfg.negative_scale)
     adv = np.zeros(r.shape, np.float64)
     for g in np.unique(group):
         sel = group == g

@@ -42,6 +42,13 @@ def keys_of_task(task: Any) -> tuple[str, str]:
     return task_key(task.template, task.difficulty), key_of_task(task)
 
 
+def keys_of_template(template: Any) -> tuple[str, str]:
+    """(key, cell) of a task template (`envs.taskgen` Template): those of every task it builds."""
+    from mpa_jax.data.keys import make_key
+
+    return task_key(template.name, template.difficulty), make_key(template.domain, template.category, template.difficulty)
+
+
 def keys_of_trajectory(traj: Any) -> tuple[str, str]:
     """(key, cell) of a Trajectory: those the RL rollouts recorded, else from its provenance (difficulty from its
     template when absent)."""

@@ -1,4 +1,4 @@
-"""Starting an RL run: the config checks and the initial weights (`--init`: an HF directory or an orbax run)."""
+"""Starting an RL run: the config checks and the start's weights (`model.init_from`, fitted by `mpa_jax.start`)."""
 from __future__ import annotations
 
 import os
@@ -8,32 +8,21 @@ from mpa_jax.rl import care
 from mpa_jax.rl.errors import RLSetupError
 
 
-def load_init(model: Any, init: str | None, workdir: str) -> tuple[Any, Any, str | None]:
-    """(model config, host params or None for random init, HF dir) from --init (HF dir or orbax run/checkpoint),
-    else `model.init_from` (the `config.model` section), else random weights of `model`'s shape."""
+def load_init(model: Any) -> tuple[Any, Any, str | None]:
+    """(model config, host params or None for random init, HF dir) of the `config.model` section: the weights of
+    `model.init_from` (an HF directory: a start is fitted to the config first, by `run_rl` or the CLI), else random
+    weights of `model`'s shape. The parameter and compute dtypes are the section's."""
     import jax
 
     from mpa_jax import models
-    from mpa_jax.train import checkpoint as ckpt
 
-    init = init or str(model.init_from) or None
-    if not init:
+    hf_dir = os.path.expanduser(str(model.init_from))
+    if not hf_dir:
         return models.config_from_ml(model), None, None
-    if not os.path.isdir(init):
-        raise RLSetupError(f"--init {init} is not a directory")
-    hf_dir = init
-    # A run directory also holds a config.json (the resolved experiment config): weights decide.
-    if not any(f.endswith(".safetensors") or f.endswith(".safetensors.index.json") for f in os.listdir(init)):
-        from mpa_jax.export import export_checkpoint
-
-        try:
-            ckpt.find_step_dir(init)
-        except ckpt.CheckpointError as e:
-            raise RLSetupError(f"--init {init} is neither an HF directory (safetensors) nor an orbax checkpoint: {e}") from None
-        tok_dir = next((d for d in (os.path.join(init, "tokenizer"), os.path.join(os.path.dirname(os.path.abspath(init)), "tokenizer"))
-                        if os.path.isdir(d)), None)
-        hf_dir = export_checkpoint(init, os.path.join(workdir, "init_hf"), dtype="float32", tokenizer_dir=tok_dir)
-    loaded = models.from_pretrained(hf_dir, dtype=str(model.param_dtype))
+    try:
+        loaded = models.from_pretrained(hf_dir, dtype=str(model.param_dtype))
+    except (OSError, ValueError) as e:
+        raise RLSetupError(f"config.model.init_from={hf_dir}: {e}") from None
     cfg = loaded.cfg.replace(compute_dtype=str(model.compute_dtype), param_dtype=str(model.param_dtype))
     return cfg, jax.device_get(loaded.params), hf_dir
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mpa_jax.files import write_text
 from mpa_jax.rl import care as maths
 from mpa_jax.rl.advantage import Scored
 from mpa_jax.rl.competence import CompetenceTable
@@ -116,8 +117,8 @@ def console_line(done: int, total: int, m: dict[str, float]) -> str:
 
 def write_competence(workdir: str, step: int, scored: Scored, table: CompetenceTable, selection: dict[str, Any] | None) -> None:
     """One line per step in `<workdir>/competence.jsonl` (rewritten from the step on when a resumed run repeats it):
-    the step's groups, the CARE table after the step, and with competence-aware selection its per-template counts
-    (`templates`: template -> [successes, episodes, competence]; with a focus pool, `pool` and `retired`)."""
+    the step's groups, the CARE table after the step, and with competence-aware selection what it draws by (`templates`:
+    template -> [its competence in the table, the episodes behind its own key]; with a focus pool, `pool` and `retired`)."""
     path = os.path.join(workdir, "competence.jsonl")
     lines = []
     if os.path.exists(path):
@@ -126,6 +127,4 @@ def write_competence(workdir: str, step: int, scored: Scored, table: CompetenceT
     row: dict[str, Any] = {"step": step, "groups": scored.groups, "table": table.to_dict()}
     if selection is not None:
         row.update(selection)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(lines + [json.dumps(row, sort_keys=True) + "\n"])
-    os.replace(path + ".tmp", path)
+    write_text(path, "".join(lines + [json.dumps(row, sort_keys=True) + "\n"]))

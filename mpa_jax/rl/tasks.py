@@ -10,9 +10,13 @@ weight (a function of (seed, step, group), so resume is exact), its task from th
 Competence-aware selection (`rl.selection = "competence"`; CARE's spirit, DAPO's dynamic sampling): for the
 kinds that run the benchmark's tools, each group is a *fresh* instance (instance seeds from
 `FRESH_SEED_BASE`, disjoint from every split's; held-out templates never) of a template drawn with weight
-`rl.select_floor + 4 c (1 - c)`, c the template's competence (successes + 1) / (episodes + 2) over every
-rollout the run has drawn, plus any prior (trajectories such as the data stage's probe; `prior=`, default `rl.select_prior`).
-Groups without reward variance are never trained on (`rl/worker.py` re-draws them within `rl.select_tries`).
+`rl.select_floor + 4 c (1 - c)`, c the template's competence read from CARE's competence table (`rl/competence.py`,
+the one source: the template's key template x difficulty, backed off to its cell and the global value, decayed by
+episodes; it holds every verified episode the run has drawn, kept groups and left-out ones, and is seeded by any
+prior: trajectories such as the data stage's probe, `prior=`, default `rl.select_prior`). The table a step draws by
+is the one its keep rule prices with: a snapshot taken when the step's sampling starts, so the step's re-draws use
+the same weights and the step's outcomes count from the next step on. Groups without reward variance are never
+trained on (`rl/worker.py` re-draws them within `rl.select_tries`).
 
 `split`, `selection` and `prior` default to `rl.split`, `rl.selection` and `rl.select_prior`; a caller such as
 the loop passes its own explicitly instead of rewriting the config.
@@ -36,6 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from mpa_jax.envs.base import ENV_KINDS
+from mpa_jax.rl.competence import CompetenceTable, keys_of_template
 from mpa_jax.rl.errors import RLSetupError
 
 FRESH_SEED_BASE = 5_000_000  # instance seeds of selected RL tasks: above every split's (test < 2,000,000 + 100,000 x tasks.seed + 50,000)
@@ -80,12 +85,9 @@ def split_tasks(split: str, templates: str, tasks_cfg: Any) -> list[Any]:
     return tasks
 
 
-def _competence(s: int, n: int) -> float:
-    return (s + 1.0) / (n + 2.0)
-
-
 class Selector:
-    """Competence-aware choice of fresh train instances (module docstring); its counts are the run's state."""
+    """Competence-aware choice of fresh train instances (module docstring). Its state is the instance counter and
+    the focus pool; the competence it draws by is CARE's table, passed to `draw`."""
 
     def __init__(self, rl: Any, seed: int, tasks_seed: int) -> None:
         """`rl`: the `config.rl` section; `seed`: `config.seed`; `tasks_seed`: `config.tasks.seed`."""
@@ -99,7 +101,6 @@ class Selector:
         if names and len(self.templates) != len(set(names)):
             known = {t.name for t in self.templates}
             raise RLSetupError(f"config.rl.templates: {sorted(set(names) - known)} are not train templates (held-out or unknown)")
-        self.counts: dict[str, list[int]] = {t.name: [0, 0] for t in self.templates}
         self.drawn = 0  # fresh instances built so far: the next seed
         for key, low in (("select_pool", 0), ("select_pool_patience", 1), ("select_pool_groups", 1), ("select_worlds", 0)):
             if int(rl[key]) < low:
@@ -111,25 +112,22 @@ class Selector:
 
     @property
     def state(self) -> dict[str, Any]:
-        return {"counts": self.counts, "drawn": self.drawn, "pool": self.pool, "retired": self.retired}
+        return {"drawn": self.drawn, "pool": self.pool, "retired": self.retired}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.counts = {k: [int(a), int(b)] for k, (a, b) in state["counts"].items()}
+        """From `state` (a checkpoint's; per-template counts of earlier builds are not read: the table is the source)."""
         self.drawn = int(state["drawn"])
-        self.pool = {k: [int(a), int(b)] for k, (a, b) in state.get("pool", {}).items()}
-        self.retired = list(state.get("retired", []))
+        self.pool = {k: [int(a), int(b)] for k, (a, b) in state["pool"].items()}
+        self.retired = list(state["retired"])
 
     def observe(self, trajs: Sequence[Any]) -> None:
-        """Count verified episodes (infra ones are not the policy's) per template; with a focus pool, retire the
-        members whose groups stopped carrying signal (module docstring)."""
+        """The focus pool's bookkeeping: retire the members whose groups stopped carrying signal (module docstring).
+        Verified episodes only (infra ones are not the policy's); competence itself is the table's."""
         groups: dict[str, tuple[str, list[bool]]] = {}  # a group is one fresh instance: one task id
         for t in trajs:
             name = str(t.provenance.get("template", ""))
-            if name in self.counts and not t.infra_failure and t.verification is not None:
-                self.counts[name][0] += int(bool(t.verification.success))
-                self.counts[name][1] += 1
-                if name in self.pool:
-                    groups.setdefault(t.task_id, (name, []))[1].append(bool(t.verification.success))
+            if name in self.pool and not t.infra_failure and t.verification is not None:
+                groups.setdefault(t.task_id, (name, []))[1].append(bool(t.verification.success))
         for name, outcomes in groups.values():
             member = self.pool.get(name)
             if member is None:  # retired by an earlier group of this batch
@@ -140,9 +138,9 @@ class Selector:
                 del self.pool[name]
                 self.retired.append(name)
 
-    def _fill_pool(self) -> None:
+    def _fill_pool(self, table: CompetenceTable) -> None:
         """Top the pool up to `rl.select_pool` members, drawn by weight among the templates not yet pooled in
-        this pass (a new pass when every template has been); deterministic in the selector's state."""
+        this pass (a new pass when every template has been); deterministic in the selector's state and `table`."""
         rng = np.random.default_rng([self.seed, self.drawn, len(self.retired), 37])
         while len(self.pool) < min(self.pool_size, len(self.templates)):
             out = set(self.pool) | set(self.retired)
@@ -150,26 +148,29 @@ class Selector:
             if not idx:
                 self.retired = []
                 continue
-            w = np.asarray(self.weights(), np.float64)[idx]
+            w = np.asarray(self.weights(table), np.float64)[idx]
             self.pool[self.templates[idx[int(rng.choice(len(idx), p=w / w.sum()))]].name] = [0, 0]
 
-    def competence(self) -> dict[str, float]:
-        return {k: _competence(s, n) for k, (s, n) in self.counts.items()}
+    def competence(self, table: CompetenceTable) -> dict[str, float]:
+        """Each template's competence in `table` (its key, backed off to its cell and the global value)."""
+        return {t.name: table.get(*keys_of_template(t)) for t in self.templates}
 
-    def weights(self) -> list[float]:
-        c = self.competence()
+    def weights(self, table: CompetenceTable) -> list[float]:
+        """`rl.select_floor + 4 c (1 - c)` per template, c from `table`."""
+        c = self.competence(table)
         return [self.floor + 4.0 * c[t.name] * (1.0 - c[t.name]) for t in self.templates]
 
-    def draw(self, step: int, attempt: int, n: int) -> list[Any]:
-        """`n` fresh gated instances of templates drawn by weight (deterministic in (seed, step, attempt))."""
+    def draw(self, step: int, attempt: int, n: int, table: CompetenceTable) -> list[Any]:
+        """`n` fresh gated instances of templates drawn by weight from `table` (deterministic in (seed, step,
+        attempt) and the table)."""
         from mpa_jax.envs.benchmark import build_task
         from mpa_jax.envs.gate import check_task
         from mpa_jax.envs.sandbox import SandboxEnv
 
         rng = np.random.default_rng([self.seed, int(step), int(attempt), 29])
-        w = np.asarray(self.weights(), np.float64)
+        w = np.asarray(self.weights(table), np.float64)
         if self.pool_size:
-            self._fill_pool()
+            self._fill_pool(table)
             w = np.where([t.name in self.pool for t in self.templates], w, 0.0)
         env = SandboxEnv()
         out: list[Any] = []
@@ -245,16 +246,9 @@ class TaskSource:
         self.selector = Selector(rl, self.seed, int(tasks_cfg.seed)) if mode == "competence" and any(k in SPLIT_KINDS for k in self.kinds) else None
         self.tries = int(rl.select_tries) if self.selector is not None else 1
         self.prior = str(rl.select_prior) if prior is None else str(prior)
-        self.prior_trajs = read_trajectories(self.prior) if self.prior else []
-        if self.selector is not None:
-            if self.tries < 1:
-                raise RLSetupError(f"config.rl.select_tries must be >= 1, got {self.tries}")
-            self.selector.observe(self.prior_trajs)
-
-    @classmethod
-    def from_config(cls, config: Any, **overrides: Any) -> "TaskSource":
-        """From a whole experiment config (tests, tools); the trainer passes its sections."""
-        return cls(config.rl, config.envs, config.tasks, int(config.seed), **overrides)
+        self.prior_trajs = read_trajectories(self.prior) if self.prior else []  # seeds the competence table (the trainer)
+        if self.selector is not None and self.tries < 1:
+            raise RLSetupError(f"config.rl.select_tries must be >= 1, got {self.tries}")
 
     @property
     def state(self) -> dict[str, Any]:
@@ -280,11 +274,15 @@ class TaskSource:
         idx = np.random.default_rng([self.seed, int(step), 17 + salt]).choice(len(self.kinds), size=n, p=p / p.sum())
         return [self.kinds[int(i)] for i in idx]
 
-    def draw(self, step: int, n: int, attempt: int = 0) -> list[tuple[str, Any]]:
+    def draw(self, step: int, n: int, attempt: int = 0, competence: CompetenceTable | None = None) -> list[tuple[str, Any]]:
         """`n` groups of step `step`: the kind of each by weight, the task from that kind's cursor (or, with
-        selection, a fresh instance for the kinds that run the benchmark's tools)."""
+        selection, a fresh instance for the kinds that run the benchmark's tools, by `competence`: the table)."""
         kinds = self._kinds(step, n, attempt)
-        fresh = iter(self.selector.draw(step, attempt, sum(k in SPLIT_KINDS for k in kinds))) if self.selector is not None else None
+        fresh = None
+        if self.selector is not None:
+            if competence is None:
+                raise ValueError("TaskSource.draw: competence-aware selection draws by the competence table (competence=)")
+            fresh = iter(self.selector.draw(step, attempt, sum(k in SPLIT_KINDS for k in kinds), competence))
         out = []
         for k in kinds:
             if fresh is not None and k in SPLIT_KINDS:
@@ -299,9 +297,6 @@ class TaskSource:
         names = {t.template for t in self.tasks} | ({t.name for t in self.selector.templates} if self.selector is not None else set())
         return sorted(names)
 
-    def competence(self) -> dict[str, float]:
-        """Per-template competence of the selection table ({} without selection)."""
-        return self.selector.competence() if self.selector is not None else {}
 
 
 def read_trajectories(path: str) -> list[Any]:

@@ -7,9 +7,15 @@ The loop only calls the roles (DESIGN §7a, like tunix's learner: generate / upd
     learner  rl/learner.py    Learner: the train state and `update`
     log      rl/step_log.py   metrics.jsonl, competence.jsonl, the console line
 
-One step: the worker's groups (with selection: only those the matched-arms rule keeps) -> `care.score` (the table as
-it stood) -> `care.observe` (every verified episode of the step) -> `learner.update` -> `worker.sync` when the
-weights moved -> log -> checkpoint every `rl.checkpoint_every` steps and at the end. SIGINT/SIGTERM stop at the
+One step: the worker's groups (with selection: templates drawn by the competence table as it stood, and only the
+groups the matched-arms rule keeps: `care.selection()`) -> `care.score` (the same table) -> `care.observe` (every
+verified episode of the step) -> `learner.update` -> `worker.sync` when the weights moved -> log -> checkpoint every
+`rl.checkpoint_every` steps and at the end.
+
+`run_rl` is the one place in `rl/` that holds the whole experiment config: the roles get their sections (`rl`,
+`rollout`, `envs`, `tasks`, the seed) and the factories outside `rl/` theirs (`engine_for_weights`,
+`EpisodeRunner.from_sections`, `tokenizer_for_sections`). The start is named the way every command names one
+(`init`: `mpa_jax.start`, fitted to the config: its shape, tokenizer, context format, positions). SIGINT/SIGTERM stop at the
 next step boundary with a checkpoint (`train.preemption`) and one line; a second signal exits at once.
 
 Async mode (`rl.async_rollouts`): step k+1's rollouts are sampled in the background with the weights of version v_k
@@ -57,9 +63,10 @@ def run_rl(config: Any, workdir: str, *, init: str | None = None, max_steps: int
            split: str | None = None, selection: str | None = None, prior: str | None = None) -> RLResult:
     """Run `config.rl.steps` RL steps into `workdir` (resuming from `<workdir>/checkpoints` when present).
 
-    `init`: an HF directory or an orbax run/checkpoint dir to start from (else `config.model.init_from`, else random
-    weights). `max_steps` stops early (the run can be resumed). `runner`: the `EpisodeRunner` to roll out through
-    (default: the config's; one given is not closed here). `on_step(step, metrics, state, engine)` is called after
+    `init`: a start (an HF directory, an orbax run directory or `starter`) the config is fitted to first
+    (`mpa_jax.start.fit_start`; the CLI's `--checkpoint` has fitted it already), else `config.model.init_from`
+    (an HF directory), else random weights. `max_steps` stops early (the run can be resumed). `runner`: the
+    `EpisodeRunner` to roll out through (default: the config's; one given is not closed here). `on_step(step, metrics, state, engine)` is called after
     each step's sync (tests check learner == sampler weights there). `split` / `selection` / `prior` override
     `rl.split` / `rl.selection` / `rl.select_prior` (the loop passes its own; the prior also seeds competence).
     """
@@ -73,26 +80,34 @@ def run_rl(config: Any, workdir: str, *, init: str | None = None, max_steps: int
     from mpa_jax.rl.step_log import console_line, step_metrics, write_competence
     from mpa_jax.rl.tasks import TaskSource
     from mpa_jax.rl.worker import RolloutWorker
-    from mpa_jax.rollout.engines import load_rollout_tokenizer, make_engine
+    from mpa_jax.rollout.engines import engine_for_weights
     from mpa_jax.rollout.runner import EpisodeRunner
+    from mpa_jax.start import StartError, fit_start
+    from mpa_jax.tokenizer.select import tokenizer_for_sections
     from mpa_jax.train import checkpoint as ckpt
     from mpa_jax.train import metrics as mlib
     from mpa_jax.train.preemption import Preemption
 
-    rl = config.rl
-    check_config(rl, config.rollout)
-    total = int(rl.steps)
-    stop_at = total if max_steps is None else min(total, int(max_steps))
+    check_config(config.rl, config.rollout)
     os.makedirs(workdir, exist_ok=True)
     # before the slow parts: a bad task filter or mixture fails at once
-    source = TaskSource(rl, config.envs, config.tasks, int(config.seed), split=split, selection=selection, prior=prior)
-    cfg, init_params, hf_dir = load_init(config.model, init, workdir)
+    source = TaskSource(config.rl, config.envs, config.tasks, int(config.seed), split=split, selection=selection, prior=prior)
+    if init:  # a copy fitted to the start: its shape, tokenizer, context format, positions
+        try:
+            config = fit_start(config, init, workdir=workdir)[0]
+        except StartError as e:
+            raise RLSetupError(f"init {init}: {e}") from None
+        check_config(config.rl, config.rollout)
+    rl, seed, rules = config.rl, int(config.seed), sharding.rules_from_config(config)
+    total = int(rl.steps)
+    stop_at = total if max_steps is None else min(total, int(max_steps))
+    cfg, init_params, hf_dir = load_init(config.model)
     if tokenizer is None:
-        tokenizer = load_rollout_tokenizer(config, hf_dir, workdir)
+        tokenizer = tokenizer_for_sections(tokenizer=config.tokenizer, model=config.model, context=config.context,
+                                           oracle=config.oracle, seed=seed, workdir=workdir)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise RLSetupError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocabulary is {cfg.vocab_size}")
-    learner = Learner(rl, cfg, init_params, mesh=config.mesh, rules=sharding.rules_from_config(config), seed=int(config.seed),
-                      logprob_chunk=int(config.model.logprob_chunk),
+    learner = Learner(rl, cfg, init_params, mesh=config.mesh, rules=rules, seed=seed, logprob_chunk=int(config.model.logprob_chunk),
                       vocab_limit=tokenizer.vocab_size if tokenizer.vocab_size < cfg.vocab_size else None,
                       total_updates=total * int(rl.ppo_epochs) * int(rl.minibatches))
     meta = {"model": cfg.to_hf(), "rl": {"algo": str(rl.algo), "group_size": int(rl.group_size), "seq_len": int(rl.seq_len),
@@ -120,20 +135,21 @@ def run_rl(config: Any, workdir: str, *, init: str | None = None, max_steps: int
         else:
             table.seed(source.prior_trajs)  # the data stage's probe of this policy, where there is one
         care = Care(rl, table)
-        engine = make_engine(config, params=learner.params, model_cfg=cfg, version=str(version), tokenizer=tokenizer,
-                             tokenizer_dir=hf_dir, export_root=os.path.join(workdir, "sync"))
-        runner = runner or EpisodeRunner.from_config(config)
-        worker = RolloutWorker(source, runner, engine, tokenizer, rl=rl, rollout=config.rollout, seed=int(config.seed))
+        engine = engine_for_weights(config.rollout, mesh=config.mesh, rules=rules, serve=config.serve, params=learner.params,
+                                    model_cfg=cfg, version=str(version), tokenizer=tokenizer, tokenizer_dir=hf_dir,
+                                    export_root=os.path.join(workdir, "sync"))
+        runner = runner or EpisodeRunner.from_sections(envs=config.envs, context=config.context, harness=config.harness)
+        worker = RolloutWorker(source, runner, engine, tokenizer, rl=rl, rollout=config.rollout, seed=seed)
         worker.restore(prefetched)
         # A resumed run rewrites the steps after its checkpoint: the JSONL and TensorBoard drop the old ones.
         writer = mlib.MetricsWriter(workdir, keep_through=-1 if resumed_from is None else resumed_from)
         with Preemption() as pre:
             for step in range(start, stop_at):
                 t0 = time.perf_counter()
-                rollouts = worker.rollouts(step, version, care.keep_rule() if source.selector is not None else None)
+                rollouts = worker.rollouts(step, version, care.selection() if source.selector is not None else None)
                 t_wait = time.perf_counter() - t0
                 if worker.async_mode and step + 1 < stop_at:
-                    worker.prefetch(step + 1, care.keep_rule() if source.selector is not None else None)
+                    worker.prefetch(step + 1, care.selection() if source.selector is not None else None)
                 scored = care.score(rollouts)  # the table as it stood when the step was sampled
                 care.observe(rollouts)
                 t1 = time.perf_counter()
@@ -151,7 +167,7 @@ def run_rl(config: Any, workdir: str, *, init: str | None = None, max_steps: int
                                 "rl/infra_dropped_total": float(dropped_total)})
                 if bool(rl.save_rollouts):
                     _save_rollouts(workdir, done, rollouts)
-                write_competence(workdir, done, scored, table, _selection_state(source))
+                write_competence(workdir, done, scored, table, _selection_state(source, table))
                 writer.write(done, metrics)
                 history.append({"step": float(done), **metrics})
                 if progress:
@@ -188,13 +204,16 @@ def run_rl(config: Any, workdir: str, *, init: str | None = None, max_steps: int
                     metrics_path=os.path.join(workdir, "metrics.jsonl"), resumed_from=resumed_from, interrupted=interrupted)
 
 
-def _selection_state(source: Any) -> dict[str, Any] | None:
-    """Competence-aware selection's per-template counts for competence.jsonl (None without selection)."""
+def _selection_state(source: Any, table: Any) -> dict[str, Any] | None:
+    """What competence-aware selection draws by, for competence.jsonl (None without selection): per template with
+    evidence of its own, [its competence in the table, the (decayed) episodes behind it]."""
     sel = source.selector
     if sel is None:
         return None
-    c = sel.competence()
-    row: dict[str, Any] = {"templates": {k: [s, n, round(c[k], 4)] for k, (s, n) in sel.counts.items() if n}}
+    from mpa_jax.rl.competence import keys_of_template
+
+    row: dict[str, Any] = {"templates": {t.name: [round(table.get(*keys_of_template(t)), 4), round(table.evidence(keys_of_template(t)[0]), 2)]
+                                         for t in sel.templates if table.has_own(keys_of_template(t)[0])}}
     if sel.pool_size:  # the focus pool after the step: member -> [unanimous groups in a row, groups], and who left
         row.update(pool=sel.pool, retired=sel.retired)
     return row
@@ -204,12 +223,9 @@ def _save_rollouts(workdir: str, step: int, rollouts: Rollouts) -> None:
     """The step's verified rollouts as `<workdir>/rollouts/step_NNNNNN.jsonl` (rewritten when a resumed run
     repeats the step), the groups selection left out included: per-cell competence for the next round's data
     and failure traces for the harness."""
-    from mpa_jax.envs.contract import write_jsonl
+    from mpa_jax.files import write_jsonl
 
-    out = os.path.join(workdir, "rollouts", f"step_{step:06d}.jsonl")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    write_jsonl(out + ".tmp", rollouts.trajs + rollouts.unused)
-    os.replace(out + ".tmp", out)
+    write_jsonl(os.path.join(workdir, "rollouts", f"step_{step:06d}.jsonl"), rollouts.trajs + rollouts.unused)
 
 
 def _last_good(checkpointer: Any, ck_dir: str) -> str:

@@ -2,14 +2,16 @@
 weights into the sampler. No jax.
 
     worker = RolloutWorker(source, runner, engine, tokenizer, rl=config.rl, rollout=config.rollout, seed=config.seed)
-    rollouts = worker.rollouts(step, keep)     # the step's groups (the prefetched ones when there are)
-    worker.prefetch(step + 1, keep)            # async: the next step samples while this one trains
-    worker.sync(params, version)               # waits for the prefetch first: no weight swap mid-generation
+    rollouts = worker.rollouts(step, version, plan)  # the step's groups (the prefetched ones when there are)
+    worker.prefetch(step + 1, plan)                  # async: the next step samples while this one trains
+    worker.sync(params, version)                     # waits for the prefetch first: no weight swap mid-generation
 
-A step draws `rl.tasks_per_step` groups from its `TaskSource`; with competence-aware selection only groups that
-`keep(rollouts, group)` accepts (the matched-arms rule, `rl/advantage.py`) are returned, drawing again until the
-step has `rl.tasks_per_step` of them or `rl.select_tries` x that many groups were drawn. The groups left out keep
-their episodes in `Rollouts.unused` (competence, failure mining).
+A step draws `rl.tasks_per_step` groups from its `TaskSource`; with competence-aware selection (`plan`:
+`Care.selection()`, the competence table as it stood when the step's sampling began and the keep rule priced
+with it) templates are drawn by that table and only groups that `plan.keep(rollouts, group)` accepts (the
+matched-arms rule, `rl/advantage.py`) are returned, drawing again until the step has `rl.tasks_per_step` of them
+or `rl.select_tries` x that many groups were drawn. The groups left out keep their episodes in `Rollouts.unused`
+(competence, failure mining).
 
 Async (`rl.async_rollouts`): `prefetch(step + 1)` samples in a background thread with the weights of this step's
 start while the learner trains; `sync` waits for it, so every trained rollout is exactly one version stale, and
@@ -19,12 +21,11 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
+from mpa_jax.rl.advantage import Selection
 from mpa_jax.rl.rollouts import Rollouts, group_rollouts
 from mpa_jax.rl.tasks import TaskSource
-
-KeepRule = Callable[[Rollouts, int], bool]
 
 
 class RolloutWorker:
@@ -41,40 +42,43 @@ class RolloutWorker:
         self.stale_dropped = 0
 
     # ------------------------------------------------------------------ the step's groups
-    def collect(self, step: int, keep: KeepRule | None = None) -> Rollouts:
-        """Draw, roll out and (with selection) filter the groups of `step` now (module docstring)."""
+    def collect(self, step: int, plan: Selection | None = None) -> Rollouts:
+        """Draw, roll out and (with selection, by `plan`) filter the groups of `step` now (module docstring)."""
         n = self.per_step
+        table = plan.competence if plan is not None else None
 
         def run(want: int, attempt: int) -> Rollouts:
-            return group_rollouts(self.runner, self.engine, self.tokenizer, self.source.draw(step, want, attempt), rl=self.rl,
-                                  rollout=self.rollout, seed=self.seed, step=step, attempt0=attempt * 10)
+            return group_rollouts(self.runner, self.engine, self.tokenizer, self.source.draw(step, want, attempt, table),
+                                  rl=self.rl, rollout=self.rollout, seed=self.seed, step=step, attempt0=attempt * 10)
 
         if self.source.selector is None:
             return run(n, 0)
+        if plan is None:
+            raise ValueError("RolloutWorker.collect: competence-aware selection needs the step's plan (Care.selection())")
         t0 = time.perf_counter()
         kept: Rollouts | None = None
         drawn = attempt = 0
         while (kept is None or len(kept.draws) < n) and drawn < n * self.source.tries:
             want = n - (len(kept.draws) if kept is not None else 0)
             r = run(want, attempt)
-            self.source.selector.observe(r.trajs)
+            self.source.selector.observe(r.trajs)  # the focus pool's bookkeeping (competence is the table's)
             drawn += want
             attempt += 1
-            r = r.with_groups([g for g in range(len(r.draws)) if keep is None or keep(r, g)])
+            r = r.with_groups([g for g in range(len(r.draws)) if plan.keep(r, g)])
             kept = r if kept is None else kept.extend(r)
         assert kept is not None
         kept.rollout_s = time.perf_counter() - t0
         kept.drawn = drawn
         return kept
 
-    def prefetch(self, step: int, keep: KeepRule | None = None) -> None:
+    def prefetch(self, step: int, plan: Selection | None = None) -> None:
         """Async mode: start sampling `step`'s groups in the background with the sampler's current weights."""
         if self._pool is None:
             raise RuntimeError("RolloutWorker.prefetch needs config.rl.async_rollouts = True")
         self._settle()
-        self._future = self._pool.submit(self.collect, step, keep)
+        self._future = self._pool.submit(self.collect, step, plan)
 
-    def rollouts(self, step: int, version: int, keep: KeepRule | None = None) -> Rollouts:
+    def rollouts(self, step: int, version: int, plan: Selection | None = None) -> Rollouts:
         """`step`'s groups: the prefetched ones when they are for this step (their rollouts older than
         `rl.max_staleness` versions behind `version` dropped), else collected now."""
         self._settle()
@@ -83,7 +87,7 @@ class RolloutWorker:
             self.stale_dropped = ready.drop_stale(version, self.max_staleness) if self.async_mode else 0
             return ready
         self.stale_dropped = 0
-        return self.collect(step, keep)
+        return self.collect(step, plan)
 
     def _settle(self) -> None:
         if self._future is not None:

@@ -125,6 +125,18 @@ def make_engine(
     return JaxEngine(cfg, params, weight_version="init", **kw)
 
 
+def engine_for_weights(rollout: Any, *, mesh: Any, rules: Any, serve: Any, params: Any, model_cfg: Any, version: str,
+                       tokenizer: Any = None, tokenizer_dir: str | None = None, export_root: str | None = None) -> RolloutEngine:
+    """`make_engine` for live weights (the RL learner's) from the config sections it reads: `rollout`, `mesh` and
+    the sharding `rules` (with `rollout.sharded`), `serve` (the SGLang servers' api key). The RL trainer passes
+    these, not the whole config."""
+    import ml_collections
+
+    view = ml_collections.ConfigDict({"rollout": rollout, "mesh": mesh, "sharding_rules": tuple(rules), "serve": serve})
+    return make_engine(view, params=params, model_cfg=model_cfg, version=version, tokenizer=tokenizer,
+                       tokenizer_dir=tokenizer_dir, export_root=export_root)
+
+
 def check_engine_vocab(engine: Any, tokenizer: Any) -> None:
     """RolloutSetupError unless an engine samples exactly the tokenizer's ids (its `vocab_limit`).
 

@@ -116,4 +116,14 @@ def tokenizer_for_config(config: Any, workdir: str) -> Tokenizer:
     return tok
 
 
+def tokenizer_for_sections(*, tokenizer: Any, model: Any, context: Any, oracle: Any, seed: int, workdir: str) -> Tokenizer:
+    """`tokenizer_for_config` from the config sections it reads: `tokenizer`, `model` (init_from, vocab_size),
+    and for a project BPE built here `context`, `oracle` (the corpus split) and the seed. The RL trainer passes
+    these, not the whole config."""
+    import ml_collections
+
+    view = ml_collections.ConfigDict({"tokenizer": tokenizer, "model": model, "context": context, "oracle": oracle, "seed": int(seed)})
+    return tokenizer_for_config(view, workdir)
+
+
 __all__ = ["PROJECT_BPE", "REQUIRED_TOKENS", "check_tokenizer_fits", "init_from", "model_vocab_size", "tokenizer_dir_for_config", "tokenizer_for_config"]

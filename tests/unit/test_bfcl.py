@@ -190,6 +190,6 @@ def test_rl_mixture_draws_bfcl_train_tasks():
     cfg = get_config()
     cfg.envs.mixture = {"sandbox": 0.0, "simulated": 0.0, "adb": 0.0, "bfcl": 1.0}
     cfg.rl.selection = "cursor"
-    draws = TaskSource.from_config(cfg).draw(step=0, n=6)
+    draws = TaskSource(cfg.rl, cfg.envs, cfg.tasks, int(cfg.seed)).draw(step=0, n=6)
     assert [k for k, _ in draws] == ["bfcl"] * 6
     assert {t.split for _, t in draws} == {"train"} and all(t.metadata["env"] == "bfcl" for _, t in draws)

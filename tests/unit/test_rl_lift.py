@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import types
 
 import pytest
 
 from mpa_jax.config import load_config_file
 from mpa_jax.experiments import rl_lift as lift
+from mpa_jax.experiments.arms import arm_config
+from mpa_jax.start import repo_root
+
+STARTER = os.path.join(repo_root(), "starter")
 
 
 def _report(success: float, tokens: float) -> dict:
@@ -31,9 +36,9 @@ def fakes(monkeypatch):
 
     calls = {"rl": [], "eval": [], "interrupt_at": None}
 
-    def run_rl(cfg, run_dir, init, max_steps, progress):
+    def run_rl(cfg, run_dir, *, max_steps, progress):
         calls["rl"].append((os.path.basename(run_dir), max_steps))
-        calls["init"] = init
+        calls["init"] = str(cfg.model.init_from)  # the start the arm's config was fitted to
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "metrics.jsonl"), "w", encoding="utf-8") as f:
             for s in range(1, max_steps + 1):
@@ -79,6 +84,12 @@ def test_an_interrupted_experiment_resumes_after_its_last_evaluated_point(tmp_pa
     # step 2 is never trained or evaluated again; RL goes on from where its checkpoints are (run_rl resumes)
     assert fakes["rl"] == [("care-s0", 4), ("care-s0", 6), ("vanilla-s0", 2), ("vanilla-s0", 4), ("vanilla-s0", 6)]
     assert fakes["eval"] == ["start", "care-s0@4", "care-s0@6", "vanilla-s0@2", "vanilla-s0@4", "vanilla-s0@6"]
+    # every arm ran with the config fitted to the start (as `--checkpoint starter` fits it), saved with a card beside it
+    saved = json.load(open(os.path.join(w, "vanilla-s0", "config.json")))
+    assert fakes["init"] == saved["model"]["init_from"] == saved["tokenizer"]["path"] == STARTER
+    assert saved["rl"]["algo"] == "vanilla" and saved["context"] == json.load(open(os.path.join(STARTER, "mpa_checkpoint.json")))["context"]
+    card = json.load(open(os.path.join(w, "vanilla-s0", "mpa_checkpoint.json")))
+    assert card["stage"] == "rl" and card["tokenizer"] == "tokenizer" and card["recipe"]["start"] == STARTER
     curve = [json.loads(x) for x in open(os.path.join(w, "care-s0", "curve.jsonl"))]
     assert [p["step"] for p in curve] == [2, 4, 6] and [p["episodes"] for p in curve] == [128.0, 256.0, 384.0]
     assert [p["step"] for p in s["arms"]["care"]["0"]] == [2, 4, 6]
@@ -142,6 +153,8 @@ def test_a_world_refresh_is_the_arms_start_and_a_row_of_its_own(tmp_path, fakes,
 
     def world_refresh(config, checkpoint, out, *, worlds, per_template, steps, lr, progress):
         made.append((checkpoint, worlds, per_template, steps, lr))
+        if not os.path.isdir(os.path.join(out, "sft", "hf")):  # an HF directory with a tokenizer (the arms are fitted to it)
+            shutil.copytree(checkpoint, os.path.join(out, "sft", "hf"))
         return os.path.join(out, "sft", "hf"), {"tasks": 12, "worlds": worlds, "per_template": per_template, "steps": steps, "lr": lr,
                                                 "train_loss": 0.1}
 
@@ -150,7 +163,7 @@ def test_a_world_refresh_is_the_arms_start_and_a_row_of_its_own(tmp_path, fakes,
     c.lift.refresh_steps, c.lift.refresh_worlds = 30, 64
     w = str(tmp_path / "l")
     s = lift.rl_lift(c, w, init="starter", seeds=1, algos=("care",), eval_every=2, progress=False)
-    assert made == [("starter", 64, int(c.lift.refresh_per_template), 30, float(c.lift.refresh_lr))]
+    assert made == [(STARTER, 64, int(c.lift.refresh_per_template), 30, float(c.lift.refresh_lr))]
     assert fakes["init"] == os.path.join(w, "refresh", "sft", "hf") and fakes["eval"][:2] == ["start", "refresh"]
     t = lift.table(s)
     assert "| start | 0 | 50.0% |" in t and "| world refresh (30 SFT steps, 12 demos in 64 worlds) | 0 | 60.0% |" in t
@@ -199,7 +212,7 @@ def test_the_reasoning_config_engages_care_and_leaves_vanilla_plain():
 
     base, think = load_config_file("configs/rl_lift.py"), load_config_file("configs/rl_lift_think.py")
     assert (think.context.reasoning, think.lift.refresh_steps, think.rl.select_worlds) == ("full", 300, 256)
-    care, vanilla = lift._arm_config(think, "care", 1), lift._arm_config(think, "vanilla", 1)
+    care, vanilla = arm_config(think, "care", 1), arm_config(think, "vanilla", 1)
     check_rl_config(care.rl)
     assert float(lambda_schedule(0.4, care.rl)) > 0.75 > float(lambda_schedule(0.4, base.rl))  # this start's competence
     assert (vanilla.rl.algo, vanilla.seed) == ("vanilla", 1)

@@ -1,5 +1,6 @@
 """The RL package's shape (issue 50): the actor side and the advantage maths import no jax, experiment drivers are
-imported by their command only, and the loop hands run_rl its task source instead of rewriting config.rl."""
+imported by their command only, the whole config stops at `run_rl` (sections are passed down), and the loop hands
+run_rl its task source instead of rewriting config.rl."""
 from __future__ import annotations
 
 import ast
@@ -36,7 +37,7 @@ def test_actor_side_and_maths_import_no_jax():
 
 def test_experiment_drivers_are_imported_by_their_command_only():
     users = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "mpa_jax").rglob("*.py")
-                   if any(m.startswith("mpa_jax.experiments") for m in _imports(p)))
+                   if any(m.startswith("mpa_jax.experiments") for m in _imports(p)) and p.parent.name != "experiments")
     assert users == ["mpa_jax/commands/experiment.py"], users
     assert not list((ROOT / "mpa_jax" / "rl").glob("lift.py")) and not list((ROOT / "mpa_jax" / "rl").glob("experiment.py"))
 
@@ -45,3 +46,21 @@ def test_the_loop_does_not_rewrite_the_rl_task_source():
     text = (ROOT / "mpa_jax" / "loop.py").read_text()
     assert not re.search(r"\.rl\.(selection|split|select_prior)\s*=", text)
     assert re.search(r"run_rl\([^)]*split=split,\s*selection=selection, prior=prior\)", text)
+
+
+def test_the_whole_config_stops_at_run_rl():
+    """In rl/, only `run_rl` takes the whole experiment config (by the project's convention a parameter named
+    `config`; sections are named after their section), and it hands it on only to fit the start
+    (`mpa_jax.start.fit_start`) and to read the sharding rules; roles and factories get sections."""
+    takers, passed = [], []
+    for path in sorted((ROOT / "mpa_jax" / "rl").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    a.arg == "config" for a in node.args.args + node.args.kwonlyargs):
+                takers.append(f"{path.name}:{node.name}")
+            if isinstance(node, ast.Call) and any(isinstance(a, ast.Name) and a.id == "config"
+                                                  for a in list(node.args) + [k.value for k in node.keywords]):
+                passed.append(f"{path.name}:{ast.unparse(node.func)}")
+    assert takers == ["trainer.py:run_rl"], takers
+    assert sorted(passed) == ["trainer.py:fit_start", "trainer.py:sharding.rules_from_config"], passed

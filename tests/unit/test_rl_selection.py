@@ -1,7 +1,8 @@
 """Competence-aware task selection (`rl.selection = "competence"`, rl/tasks.py, rl/worker.py): fresh instances whose
-seeds collide with no split's, held-out templates never drawn, weights highest at intermediate competence,
-and a group without reward variance never reaches the learner (the step draws again, within its tries), by the
-matched-arms rule of `rl/advantage.py` (the same groups whatever `rl.algo`)."""
+seeds collide with no split's, held-out templates never drawn, weights highest at intermediate competence as
+CARE's competence table says (the one source: no counts of the selector's own), and a group without reward
+variance never reaches the learner (the step draws again, within its tries), by the matched-arms rule of
+`rl/advantage.py` (the same groups whatever `rl.algo`)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from mpa_jax.envs import load_tasks
 from mpa_jax.envs.contract import Trajectory, Verification
 from mpa_jax.eval import held_out_templates
 from mpa_jax.rl.advantage import Care
-from mpa_jax.rl.competence import CompetenceTable
+from mpa_jax.rl.competence import CompetenceTable, keys_of_template
 from mpa_jax.rl.errors import RLSetupError
 from mpa_jax.rl.tasks import FRESH_SEED_BASE, Selector, TaskSource
 from mpa_jax.rl.worker import RolloutWorker
@@ -37,14 +38,31 @@ def _selector(cfg) -> Selector:
     return Selector(cfg.rl, int(cfg.seed), int(cfg.tasks.seed))
 
 
+def _source(cfg) -> TaskSource:
+    return TaskSource(cfg.rl, cfg.envs, cfg.tasks, int(cfg.seed))
+
+
+def _table(cfg) -> CompetenceTable:
+    return CompetenceTable.from_config(cfg.rl)
+
+
 def _keep(cfg):
     """The matched-arms keep rule of a fresh run (competence table at its prior)."""
-    return Care(cfg.rl, CompetenceTable.from_config(cfg.rl)).keep_rule()
+    return Care(cfg.rl, _table(cfg)).keep_rule()
 
 
-def _collect(source, runner, cfg, step=0):
+def _collect(source, runner, cfg, step=0, care=None):
     worker = RolloutWorker(source, runner, None, None, rl=cfg.rl, rollout=cfg.rollout, seed=int(cfg.seed))
-    return worker.collect(step, _keep(cfg))
+    return worker.collect(step, (care or Care(cfg.rl, _table(cfg))).selection())
+
+
+def _evidence(table, template: str, successes: int, episodes: int) -> None:
+    """Fold `episodes` outcomes of `template` (the first `successes` of them successes) into `table`."""
+    from mpa_jax.envs.benchmark import templates_for
+
+    t = next(t for t in templates_for("train") if t.name == template)
+    key, cell = keys_of_template(t)
+    table.update([key] * episodes, [cell] * episodes, [1.0] * successes + [0.0] * (episodes - successes))
 
 
 class _Runner:
@@ -60,8 +78,9 @@ class _Runner:
 
 
 def test_fresh_instances_never_collide_with_the_benchmark_and_never_use_held_out_templates():
-    sel = _selector(_config())
-    tasks = sel.draw(step=0, attempt=0, n=40) + sel.draw(step=1, attempt=0, n=40)
+    cfg = _config()
+    sel = _selector(cfg)
+    tasks = sel.draw(step=0, attempt=0, n=40, table=_table(cfg)) + sel.draw(step=1, attempt=0, n=40, table=_table(cfg))
     bench = {(t.template, t.seed) for s in ("train", "dev", "test") for t in load_tasks(s)}
     bench_seeds = {t.seed for s in ("train", "dev", "test") for t in load_tasks(s)}
     assert len(tasks) == 80 and len({t.id for t in tasks}) == 80
@@ -73,30 +92,63 @@ def test_fresh_instances_never_collide_with_the_benchmark_and_never_use_held_out
         _selector(_config(templates=sorted(held_out_templates())[0]))
 
 
-def test_weights_favour_intermediate_competence():
-    sel = _selector(_config(templates="calc.tip_split,contact.create,weather.forecast"))
-    sel.counts = {"calc.tip_split": [20, 20], "contact.create": [5, 10], "weather.forecast": [0, 20]}
-    w = dict(zip([t.name for t in sel.templates], sel.weights()))
-    assert w["contact.create"] > 0.9 and w["calc.tip_split"] < 0.25 and w["weather.forecast"] < 0.25
-    draws = [t.template for t in sel.draw(0, 0, 60)]
+def test_weights_favour_intermediate_competence_as_the_competence_table_says():
+    cfg = _config(templates="calc.tip_split,contact.create,weather.forecast")
+    sel, table = _selector(cfg), _table(cfg)
+    _evidence(table, "calc.tip_split", 40, 40)
+    _evidence(table, "contact.create", 10, 20)
+    _evidence(table, "weather.forecast", 0, 40)
+    w = dict(zip([t.name for t in sel.templates], sel.weights(table)))
+    assert w["contact.create"] > 0.9 and w["calc.tip_split"] < 0.3 and w["weather.forecast"] < 0.3
+    tip = next(t for t in sel.templates if t.name == "calc.tip_split")
+    assert sel.competence(table)["calc.tip_split"] == pytest.approx(table.get(*keys_of_template(tip)))
+    draws = [t.template for t in sel.draw(0, 0, 60, table)]
     assert draws.count("contact.create") > draws.count("calc.tip_split") + draws.count("weather.forecast")
+
+
+def test_the_competence_table_is_the_selectors_one_source():
+    """The selector keeps no counts of its own: a template without evidence of its own draws by its cell's value
+    (the table's back-off), the same snapshot prices the keep rule and weights the step's draws, and the step's
+    outcomes (kept and left-out groups) reach the table through `Care.observe` only, after the step."""
+    cfg = _config(templates="calc.tip_split,contact.create")
+    sel, table = _selector(cfg), _table(cfg)
+    assert set(sel.state) == {"drawn", "pool", "retired"}
+    fresh = {t.name: sel.competence(table)[t.name] for t in sel.templates}
+    assert fresh == {"calc.tip_split": 0.5, "contact.create": 0.5}  # rl.competence_init, no evidence anywhere
+    tip = next(t for t in sel.templates if t.name == "calc.tip_split")
+    key, cell = keys_of_template(tip)
+    table.update([f"other.template#{tip.difficulty}"] * 30, [cell] * 30, [1.0] * 30)  # evidence in calc.tip_split's cell only
+    assert not table.has_own(key) and table.cell_value(cell) > 0.9
+    assert sel.competence(table)["calc.tip_split"] == pytest.approx(table.cell_value(cell))
+    care = Care(cfg.rl, _table(cfg))
+    plan = care.selection()
+    runner = _Runner(lambda t, i: i % 3 == 0)
+    r = RolloutWorker(_source(cfg), runner, None, None, rl=cfg.rl, rollout=cfg.rollout, seed=int(cfg.seed)).collect(0, plan)
+    assert care.table == plan.competence  # sampling changed nothing: the table moves when the step is observed
+    care.observe(r)
+    seen = {t.provenance["competence_key"] for t in r.trajs + r.unused}
+    assert seen == set(care.table.tally["key"]) and care.table != plan.competence
+    with pytest.raises(ValueError, match="competence"):
+        _source(cfg).draw(0, 2)  # selection without the table is refused, not drawn from stale counts
 
 
 def test_unanimous_groups_are_never_kept_and_the_step_draws_again_within_its_tries():
     cfg = _config(templates="calc.tip_split,contact.create", select_tries=3)
-    source = TaskSource.from_config(cfg)
+    source = _source(cfg)
     # contact.create: one success per group of 3 (signal); calc.tip_split: every rollout succeeds (none)
     runner = _Runner(lambda t, i: t.template == "calc.tip_split" or i % 3 == 0)
-    r = _collect(source, runner, cfg)
+    care = Care(cfg.rl, _table(cfg))
+    r = _collect(source, runner, cfg, care=care)
     assert all(_keep(cfg)(r, g) for g in range(len(r.draws)))
     assert all(t.template == "contact.create" for _, t in r.draws) and len(r.draws) <= 4
     assert r.drawn == sum(len(c) for c in runner.calls) // 3 and r.drawn <= 4 * 3
     assert all(r.trajs[i].task_id == r.draws[g][1].id for i, g in enumerate(r.groups))
-    # what every drawn group showed is in the table (kept or not)
-    s, n = source.selector.counts["calc.tip_split"]
+    # what every drawn group showed reaches the table (kept or not)
+    care.observe(r)
+    s, n = care.table.tally["key"][next(t.provenance["competence_key"] for t in r.unused if t.provenance["template"] == "calc.tip_split")]
     assert n > 0 and s == n
     # no group has signal: the step ends after its tries with nothing to train on
-    nothing = _collect(TaskSource.from_config(cfg), _Runner(lambda t, i: True), cfg)
+    nothing = _collect(_source(cfg), _Runner(lambda t, i: True), cfg)
     assert nothing.draws == [] and nothing.trajs == [] and nothing.drawn == 12
     # ... but the groups left out keep their episodes (saved with the step's rollouts: outcomes for the next
     # data stage, failure traces for the harness), through a checkpoint's round trip too
@@ -124,14 +176,15 @@ def test_both_arms_keep_all_success_groups_whose_costs_differ_where_lambda_of_th
 
 def test_selection_state_round_trips():
     cfg = _config()
-    a = TaskSource.from_config(cfg)
-    a.draw(0, 4)
-    a.selector.observe([_traj(t, True) for _, t in a.draw(1, 4)])
-    b = TaskSource.from_config(cfg)
-    b.restore(a.state)
+    table = _table(cfg)
+    a = _source(cfg)
+    a.draw(0, 4, competence=table)
+    table.seed([_traj(t, True) for _, t in a.draw(1, 4, competence=table)])
+    b = _source(cfg)
+    b.restore(json.loads(json.dumps(a.state)))
     assert b.state == a.state
-    assert [t.id for _, t in b.draw(2, 4)] == [t.id for _, t in a.draw(2, 4)]
-    assert np.isclose(sum(a.competence().values()), sum(b.competence().values()))
+    back = CompetenceTable.from_dict(json.loads(json.dumps(table.to_dict())))
+    assert [t.id for _, t in b.draw(2, 4, competence=back)] == [t.id for _, t in a.draw(2, 4, competence=table)]
 
 
 _SIX = "contact.create,contact.update,contact.lookup,contact.share,contact.delete,calc.tip_split"
@@ -148,8 +201,8 @@ def test_focus_pool_draws_only_its_members_and_retires_those_whose_groups_stoppe
     `select_pool_patience` unanimous groups in a row (or `select_pool_groups` groups) and is replaced by a
     template not pooled in this pass; the pool and the retired list are resume state."""
     cfg = _config(templates=_SIX, select_pool=2, select_pool_patience=2, select_pool_groups=4)
-    sel = _selector(cfg)
-    assert {t.template for t in sel.draw(0, 0, 20)} <= set(sel.pool) and len(sel.pool) == 2
+    sel, table = _selector(cfg), _table(cfg)
+    assert {t.template for t in sel.draw(0, 0, 20, table)} <= set(sel.pool) and len(sel.pool) == 2
     a, b = sorted(sel.pool)
     # a: one unanimous group, then one with signal (the streak restarts), then two unanimous ones: retired
     sel.observe(_group(a, 0, [True] * 3) + _group(b, 1, [True, False, False]))
@@ -157,7 +210,7 @@ def test_focus_pool_draws_only_its_members_and_retires_those_whose_groups_stoppe
     assert sel.pool == {a: [0, 2], b: [0, 1]}
     sel.observe(_group(a, 3, [False] * 3) + _group(a, 4, [False] * 3))
     assert a not in sel.pool and sel.retired == [a]
-    later = sel.draw(1, 0, 20)
+    later = sel.draw(1, 0, 20, table)
     assert len(sel.pool) == 2 and b in sel.pool and a not in sel.pool
     assert {t.template for t in later} <= set(sel.pool)
     # b keeps its signal but leaves after select_pool_groups (4) groups
@@ -167,7 +220,7 @@ def test_focus_pool_draws_only_its_members_and_retires_those_whose_groups_stoppe
     # every template has its turn before any comes back; then a new pass begins
     seen = set(sel.retired)
     for step in range(2, 30):
-        sel.draw(step, 0, 1)
+        sel.draw(step, 0, 1, table)
         seen |= set(sel.pool)
         for k, name in enumerate(sorted(sel.pool)):
             sel.observe(_group(name, 100 * step + 2 * k, [True] * 3) + _group(name, 100 * step + 2 * k + 1, [True] * 3))
@@ -175,12 +228,12 @@ def test_focus_pool_draws_only_its_members_and_retires_those_whose_groups_stoppe
     # the pool is part of the resume state
     back = _selector(cfg)
     back.restore(json.loads(json.dumps(sel.state)))
-    assert back.state == sel.state and [t.id for t in back.draw(50, 0, 6)] == [t.id for t in sel.draw(50, 0, 6)]
+    assert back.state == sel.state and [t.id for t in back.draw(50, 0, 6, table)] == [t.id for t in sel.draw(50, 0, 6, table)]
 
 
 def test_focus_pool_never_holds_a_held_out_template_and_bad_sizes_are_named():
     sel = _selector(_config(select_pool=16))
-    sel.draw(0, 0, 8)
+    sel.draw(0, 0, 8, _table(_config()))
     assert len(sel.pool) == 16 and not set(sel.pool) & held_out_templates()
     with pytest.raises(RLSetupError, match="config.rl.select_pool_patience"):
         _selector(_config(select_pool=4, select_pool_patience=0))
@@ -195,10 +248,10 @@ def test_fresh_worlds_are_persona_worlds_of_no_split():
 
     split_worlds = {w for ws in PERSONAS.values() for w in ws}
     assert FRESH_PERSONA_BASE > max(split_worlds)
-    fresh = _selector(_config(select_worlds=32)).draw(0, 0, 40)
+    fresh = _selector(_config(select_worlds=32)).draw(0, 0, 40, _table(_config()))
     assert {t.persona_seed for t in fresh} <= set(range(FRESH_PERSONA_BASE, FRESH_PERSONA_BASE + 32))
     assert len({t.persona_seed for t in fresh}) > 10
-    assert {t.persona_seed for t in _selector(_config()).draw(0, 0, 40)} <= set(PERSONAS["train"])
+    assert {t.persona_seed for t in _selector(_config()).draw(0, 0, 40, _table(_config()))} <= set(PERSONAS["train"])
     # a fresh world is a complete world: the task runs and its gold plan passes the verifier (the gate)
     from mpa_jax.envs.gate import check_task
     from mpa_jax.envs.sandbox import SandboxEnv
