@@ -74,6 +74,10 @@ def run(args: argparse.Namespace, config: Any) -> int:
     else:
         config, starter = use_starter(config, args.starter)
         console.print(f"starting from the starter planner {starter}" if starter else "starting from scratch (no starter planner)")
+        if starter:  # fitted to the starter after the CLI saved it: the saved config is what runs
+            from mpa_jax.config import save_config
+
+            save_config(config, args.workdir)
     from mpa_jax.sft.data import DataError
 
     try:

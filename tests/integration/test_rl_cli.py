@@ -21,6 +21,12 @@ def test_bad_rl_config_values_are_one_line_errors(tmp_path, capsys):
     assert rc == 2 and f"no checkpoint at {tmp_path / 'missing'}" in err and len(err.strip().splitlines()) == 1
     rc = cli.main(["experiment", "nope", "--workdir", str(tmp_path / "e")])
     assert rc == 2 and "unknown experiment" in capsys.readouterr().err
+    # an experiment names its start as every command does (--init: the old spelling), resolved before anything runs
+    rc = cli.main(["experiment", "rl-lift", "--workdir", str(tmp_path / "e"), "--init", str(tmp_path / "missing")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--checkpoint: no checkpoint at {tmp_path / 'missing'}" in err and len(err.strip().splitlines()) == 1
+    rc = cli.main(["experiment", "rl-lift", "--workdir", str(tmp_path / "e")])
+    assert rc == 2 and "rl-lift needs --checkpoint" in capsys.readouterr().err
 
 
 def test_experiment_summary_table_and_plot(tmp_path):

@@ -3,8 +3,9 @@
 A "pretrained" Hugging Face checkpoint (tiny Qwen3 weights written by `transformers`) carries its own
 tokenizer, of the same size as the project BPE the config would build, so a switch could not be caught
 by a size check. `mpa sft --checkpoint HF` (no --export) must leave a run directory that is itself a start
-(tokenizer + card), `mpa rl --init RUN` (the old spelling) and `mpa eval --checkpoint RUN` must run with
-that tokenizer, and the run's saved config must be the model that ran (the checkpoint's shape). Real
+(tokenizer + card), `mpa rl --init RUN` (the old spelling), `mpa eval --checkpoint RUN` and `mpa experiment
+--checkpoint HF` must run with that tokenizer, and the run's saved config must be the model that ran (the
+checkpoint's shape). Real
 orbax checkpoints, the real sandbox env, the embedded engine; nothing mocked.
 """
 from __future__ import annotations
@@ -103,6 +104,31 @@ def test_sft_rl_eval_from_a_checkpoint_keep_its_tokenizer(pretrained, tmp_path):
     rollouts = [os.path.join(dp, f) for dp, _, fs in os.walk(tmp_path / "ev") for f in fs if f.endswith(".jsonl")]
     traj = json.loads(open(rollouts[0]).readline())
     assert own.decode(traj["tokens"][:40]).startswith("<|im_start|>system")
+
+
+def test_an_experiment_starts_from_a_checkpoint_as_every_command_does(pretrained, tmp_path):
+    """`mpa experiment care-vs-vanilla --checkpoint HF`: the CLI fits the config to the start as for `mpa rl`, the
+    experiment's saved config is the model that ran, and each arm's run directory carries its own resolved config
+    (its algo) and card with the checkpoint's tokenizer (never a new BPE), so the arm is a start itself."""
+    w = str(tmp_path / "exp")
+    res = _mpa("experiment", "care-vs-vanilla", "--checkpoint", pretrained, "--seeds", "1", "--workdir", w,
+               "--config.rl.steps=1", "--config.rl.tasks_per_step=2", "--config.rl.group_size=2", "--config.rl.minibatches=1",
+               "--config.rl.templates=calc.tip_split", *SMALL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    saved = json.load(open(os.path.join(w, "config.json")))
+    assert (saved["model"]["hidden_size"], saved["model"]["rope_theta"], saved["tokenizer"]["path"]) == (32, ROPE, pretrained)
+    assert saved["rollout"]["max_total_tokens"] == 2048 and json.load(open(os.path.join(w, "summary.json")))["init"] == pretrained
+    for algo in ("care", "vanilla"):
+        arm = os.path.join(w, f"{algo}-s0")
+        cfg = json.load(open(os.path.join(arm, "config.json")))
+        assert cfg["rl"]["algo"] == algo and cfg["model"] == saved["model"] and cfg["tokenizer"] == saved["tokenizer"]
+        assert filecmp.cmp(os.path.join(arm, "tokenizer", "tokenizer.json"), os.path.join(pretrained, "tokenizer.json"), shallow=False)
+        assert not os.path.exists(os.path.join(arm, "tokenizer", "mpa_build.json")), "an arm built a project BPE"
+        card = json.load(open(os.path.join(arm, CARD)))
+        assert card["stage"] == "rl" and card["recipe"]["start"] == pretrained
+        assert card["recipe"]["command"].startswith("mpa experiment care-vs-vanilla --checkpoint")
+        start = resolve_start(arm)
+        assert start.kind == "run" and start.step_dir.endswith("checkpoints/1") and start.hf_config["hidden_size"] == 32
 
 
 def test_a_start_without_a_tokenizer_is_refused_never_a_new_bpe(pretrained, tmp_path):

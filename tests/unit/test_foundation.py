@@ -175,7 +175,9 @@ CONFIG_DEFAULT = re.compile(r"""\b(?:config|cfg|conf|section|[a-z]+_cfg)(?:\.[a-
 # tokenizer, envs/base.py) join this list as their issues land.
 NO_CONFIG_DEFAULTS = ["kernels", "envs/pool.py", "envs/mixture.py", "envs/simulated", "envs/adb", "envs/context.py",
                       "harness/config.py", "harness/runtime.py", "harness/memory", "harness/evolution.py",
-                      "mpa_jax/data", "mpa_jax/eval", "mpa_jax/commands/harness.py", "mpa_jax/commands/demo.py"]
+                      "mpa_jax/data", "mpa_jax/eval", "mpa_jax/commands/harness.py", "mpa_jax/commands/demo.py",
+                      "mpa_jax/rl", "mpa_jax/experiments", "mpa_jax/commands/experiment.py", "mpa_jax/commands/rl.py",
+                      "mpa_jax/start.py", "mpa_jax/card.py"]
 
 
 def test_the_pattern_for_restated_config_defaults():
