@@ -11,7 +11,7 @@ from mpa_jax import tokenizer as tk
 from mpa_jax.envs import ErrorCode, Feedback, load_tasks, make_env
 from mpa_jax.envs.sandbox import SandboxEnv
 from mpa_jax.eval import eval_metrics
-from mpa_jax.harness.episode import PARSE_HINT
+from mpa_jax.envs.episode import PARSE_HINT
 from mpa_jax.rollout.runner import EpisodeConfig, run_episodes
 from mpa_jax.rollout.testing import ScriptedEngine
 from mpa_jax.rollout.types import EngineError
