@@ -9,7 +9,7 @@ answers a message with the user's next turn) the gold holds one message per user
 
 Natural variation (seeded): consecutive steps sharing a `group` are independent, so their order is
 shuffled and they are sent either together (parallel tool calls in one turn) or one per turn; reasoning
-phrasing varies. Recovery the way a good agent does it: retry on TRANSIENT/RATE_LIMITED/TIMEOUT/INFRA,
+phrasing varies. Recovery the way a good agent does it: retry on TRANSIENT/RATE_LIMITED,
 apply the fix a PRECONDITION_FAILED error names and retry, switch to the next fallback on other errors.
 With `variation=False` the run is canonical (the quality gate replays gold this way).
 """
@@ -24,7 +24,8 @@ from mpa_jax.envs.contract import ErrorCode, Feedback, Task
 from mpa_jax.envs.episode import ChatEpisode, PlannerReply, run_chat_episode
 from mpa_jax.envs.tools import TOOLS
 
-RETRYABLE = {ErrorCode.TRANSIENT, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT, ErrorCode.INFRA}
+# INFRA/TIMEOUT never reach the planner: the episode rules end the episode as infra first
+RETRYABLE = {ErrorCode.TRANSIENT, ErrorCode.RATE_LIMITED}
 MAX_RECOVERIES = 4
 
 
