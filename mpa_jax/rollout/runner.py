@@ -392,7 +392,7 @@ class _Run:
             return None
         ep.rules = Episode(task, lambda a, env=ep.env: self.pool.step_all([(env, a)])[0], max_turns=self.cfg.max_turns,
                            max_output_errors=self.cfg.max_output_errors)
-        (obs,) = self.pool.call_all([(ep.env, lambda: ep.env.reset(task), "")])
+        (obs,) = self._env_call(ep, lambda: ep.env.reset(task))
         if isinstance(obs, Feedback):  # the pool answers a failed reset with INFRA/TIMEOUT Feedback
             self._finish(ep, "infra", f"reset failed: {obs.message}")
             return None
@@ -411,8 +411,14 @@ class _Run:
         try:
             return self._act(ep, out, device_s)
         except Exception as e:
-            e.add_note(f"in episode {ep.index} (task {ep.task.id!r}, env {ep.kind!r}, turn {ep.rules.turns if ep.rules else 0})")
-            raise
+            raise _noted(e, ep)
+
+    def _env_call(self, ep: _Live, fn: Callable[[], Any]) -> list[Any]:
+        """`fn` (a reset or verify) through the pool; a bug it raises carries a note naming the episode."""
+        try:
+            return self.pool.call_all([(ep.env, fn, "")])
+        except Exception as e:
+            raise _noted(e, ep)
 
     def _act(self, ep: _Live, out: GenerateResult, device_s: float) -> bool:
         session, rules = ep.session, ep.rules
@@ -473,7 +479,7 @@ class _Run:
         if ep.infra:
             verification = Verification(success=False, score=0.0, infra_error=True)
         elif ep.env is not None:
-            (v,) = self.pool.call_all([(ep.env, ep.env.verify, "")])
+            (v,) = self._env_call(ep, ep.env.verify)
             if isinstance(v, Verification):
                 verification = v
             else:  # a verifier crash or timeout is infra, never a zero reward
@@ -536,6 +542,12 @@ class _Run:
             finish_reason=ep.finish_reason,
             infra_failure=bool(ep.infra),
         )
+
+
+def _noted(e: BaseException, ep: _Live) -> BaseException:
+    """`e` with a note naming its episode (a bug fails the run; the note says where)."""
+    e.add_note(f"in episode {ep.index} (task {ep.task.id!r}, env {ep.kind!r}, turn {ep.rules.turns if ep.rules else 0})")
+    return e
 
 
 def _malformed(out: GenerateResult, sampled: list[int], text: str, controls: dict[int, str], im_end: int) -> tuple[str, str]:

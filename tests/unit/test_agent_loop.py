@@ -167,6 +167,11 @@ class _BuggyEnv(SandboxEnv):
         return {}["missing"]
 
 
+class _BuggyVerifyEnv(SandboxEnv):
+    def verify(self):
+        return {}["missing"]
+
+
 class _BrokenEngine(ScriptedEngine):
     def generate(self, prompts, params, seeds=None):
         raise EngineError("server unreachable")
@@ -201,8 +206,9 @@ class _StreamingScripted(ScriptedEngine):
         return fut
 
 
-@pytest.mark.parametrize("engine_cls", [ScriptedEngine, _StreamingScripted])
-def test_a_bug_in_an_env_fails_the_run_with_the_episode_named(tok, tasks, engine_cls):
+@pytest.mark.parametrize("engine_cls,env_cls", [(ScriptedEngine, _BuggyEnv), (_StreamingScripted, _BuggyEnv),
+                                                (ScriptedEngine, _BuggyVerifyEnv)])
+def test_a_bug_in_an_env_fails_the_run_with_the_episode_named(tok, tasks, engine_cls, env_cls):
     """Issue 55: a programming error is never infra (RL would drop it silently); it raises, with its traceback
     and a note naming the episode's task, on either schedule (rounds; continuous with a streaming engine)."""
     from mpa_jax.rollout.types import StreamingEngine
@@ -211,9 +217,9 @@ def test_a_bug_in_an_env_fails_the_run_with_the_episode_named(tok, tasks, engine
     engine = engine_cls(tok, [call])
     assert isinstance(engine, StreamingEngine) == (engine_cls is _StreamingScripted)
     with pytest.raises(KeyError, match="missing") as info:
-        run_episodes(engine, tok, tasks[1:2], _BuggyEnv, EpisodeConfig(max_turns=4, schedule="continuous"))
+        run_episodes(engine, tok, tasks[1:2], env_cls, EpisodeConfig(max_turns=1, schedule="continuous"))
     assert any(tasks[1].id in note for note in info.value.__notes__)
-    assert info.traceback[-1].name == "step"  # the traceback ends in the env's own code
+    assert info.traceback[-1].name in ("step", "verify")  # the traceback ends in the env's own code
 
 
 def test_seeds_are_per_episode_and_turn(tok, tasks):
