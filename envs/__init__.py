@@ -25,7 +25,8 @@ from mpa_jax.envs.contract import (  # noqa: F401
     write_jsonl,
 )
 from mpa_jax.envs.benchmark import counts_table, generate_split, load_tasks, tools_used  # noqa: F401
-from mpa_jax.envs.oracle import OracleEpisode, run_oracle_episode  # noqa: F401
+from mpa_jax.envs.episode import ChatEpisode  # noqa: F401
+from mpa_jax.envs.oracle import run_oracle_episode  # noqa: F401
 from mpa_jax.envs.render import action_to_message, feedback_to_message, message_to_actions, tool_call_to_action  # noqa: F401
 from mpa_jax.envs.sandbox import SandboxEnv, task_tool_specs  # noqa: F401
 

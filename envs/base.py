@@ -21,7 +21,13 @@ from mpa_jax.envs.contract import Feedback, Task, ToolSpec, Verification
 POOL_KEYS = ("concurrency", "timeout_s")  # config.envs.<kind> keys the worker pool reads, not the env
 
 
-class EnvUnavailable(RuntimeError):
+class EnvFault(RuntimeError):
+    """An env's report that the world failed (a device lost, a backend down): infra, never a reward and never a
+    bug. An env raises it (or answers INFRA/TIMEOUT Feedback) for such faults; any other exception from an env
+    is a programming error and fails the run with its traceback (`envs.episode`, `envs.pool`)."""
+
+
+class EnvUnavailable(EnvFault):
     """The env cannot run episodes at all (e.g. a device that stays unreachable after the reconnect attempts).
 
     Raised by `reset`. Unlike a fault inside one episode (INFRA Feedback, the episode marked infra), it

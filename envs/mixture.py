@@ -2,7 +2,7 @@
 
 `MixtureSampler(weights, tasks_by_kind, seed).sample(n)` gives a seeded list of (kind, task) draws: the
 kind by weight, then the kind's tasks in a shuffled cycle. Episodes themselves run through the one runner
-(`rollout.runner.EpisodeRunner`); the round-robin gold driver the tests use lives in their module.
+(`rollout.runner.EpisodeRunner`, with `kinds=`), the mixture test's included.
 """
 from __future__ import annotations
 

@@ -1,40 +1,32 @@
 """A scripted oracle planner: solves a task from its gold plan, the source of cold-start demonstrations.
 
-It reads only the gold plan and the Feedback the env returns (what any planner sees), never hidden state.
+`OraclePlanner` is a `Planner` like any other: its episodes run through the one chat-level driver under the
+episode rules (`envs.episode`). It reads only the gold plan and the chat it is shown (each call's Feedback as
+the tool message's JSON), never hidden state.
 Gold steps: {"kind": "tool_call", "name", "arguments", "agent"?, "group"?, "fallbacks"?: [steps], "why"?},
 {"kind": "delegate", "agent", "instruction"}, {"kind": "message", "text"}. In a conversation (an env that
 answers a message with the user's next turn) the gold holds one message per user turn and the plan goes on.
 
 Natural variation (seeded): consecutive steps sharing a `group` are independent, so their order is
 shuffled and they are sent either together (parallel tool calls in one turn) or one per turn; reasoning
-phrasing varies. Recovery the way a good agent does it: retry on TRANSIENT/RATE_LIMITED/TIMEOUT/INFRA,
+phrasing varies. Recovery the way a good agent does it: retry on TRANSIENT/RATE_LIMITED,
 apply the fix a PRECONDITION_FAILED error names and retry, switch to the next fallback on other errors.
 With `variation=False` the run is canonical (the quality gate replays gold this way).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
-from typing import Any
+from typing import Any, Generator
 
-from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Step, Task, Verification
-from mpa_jax.envs.render import action_to_message, feedback_to_message
+from mpa_jax.envs.contract import ErrorCode, Feedback, Task
+from mpa_jax.envs.episode import ChatEpisode, PlannerReply, run_chat_episode
 from mpa_jax.envs.tools import TOOLS
 
-RETRYABLE = {ErrorCode.TRANSIENT, ErrorCode.RATE_LIMITED, ErrorCode.TIMEOUT, ErrorCode.INFRA}
+# INFRA/TIMEOUT never reach the planner: the episode rules end the episode as infra first
+RETRYABLE = {ErrorCode.TRANSIENT, ErrorCode.RATE_LIMITED}
 MAX_RECOVERIES = 4
-
-
-@dataclasses.dataclass
-class OracleEpisode:
-    """The full chat (observation messages first), the tools, the Action/Feedback steps and the verdict."""
-
-    task_id: str
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    steps: list[Step]
-    verification: Verification
-    ledger_hash: str = ""
 
 
 def _why(step: dict[str, Any], rng: random.Random | None) -> str:
@@ -80,35 +72,60 @@ _HANDLER_WHY = {
 }
 
 
-class _Runner:
-    def __init__(self, env: Any, task: Task, rng: random.Random | None, think: bool = True) -> None:
-        self.env, self.task, self.rng, self.think = env, task, rng, think
-        obs = env.reset(task)
-        self.messages: list[dict[str, Any]] = list(obs["messages"])
-        self.tools = obs["tools"]
-        self.steps: list[Step] = []
+def _shown(messages: list[dict[str, Any]]) -> str | list[Feedback]:
+    """What the env answered to the oracle's last reply, read from the chat as any planner sees it: the
+    user's next turn (a conversation), or the Feedback of each call (the tool messages' canonical JSON)."""
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    after = messages[last + 1:]
+    user = [m for m in after if m.get("role") == "user"]
+    if user:
+        return str(user[-1].get("content") or "")
+    out = []
+    for m in after:
+        body = json.loads(m["content"])
+        if body["status"] == "ok":
+            out.append(Feedback(call_id=m.get("tool_call_id", ""), status="ok", result=body.get("result")))
+        else:
+            fb = Feedback.error(ErrorCode(body["error"]), body.get("message", ""), m.get("tool_call_id", ""), body.get("hint", ""))
+            out.append(dataclasses.replace(fb, result=body.get("result")))
+    return out
+
+
+class OraclePlanner:
+    """The oracle as a `Planner` (`envs.episode`): replies from a plan (gold or a corrupted copy), reading
+    only the chat it is shown. Seeded variation (`seed`; None = canonical) and the recovery policy of the
+    module docstring; when the plan is done it says so (`PlannerReply.stop`)."""
+
+    name = "oracle"
+
+    def __init__(self, plan: list[dict[str, Any]], seed: int | None = None, reasoning: str = "full") -> None:
+        self.plan, self.think = plan, reasoning != "none"
+        self.rng = random.Random(seed) if seed is not None else None
         self.n = 0
+        self._script: Generator[PlannerReply, Any, None] | None = None
 
-    def _action(self, step: dict[str, Any]) -> Action:
-        self.n += 1
-        cid = f"call_{self.n}"
-        if step["kind"] == "delegate":
-            return Action(kind="delegate", name=step["agent"], text=step["instruction"], call_id=cid)
-        return Action(kind="tool_call", name=step["name"], arguments=dict(step["arguments"]), call_id=cid,
-                      agent=step.get("agent", "planner"))
+    def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PlannerReply:
+        try:
+            if self._script is None:
+                self._script = self._run()
+                return next(self._script)
+            return self._script.send(_shown(messages))
+        except StopIteration:
+            return PlannerReply(stop=True)
 
-    def send(self, steps: list[dict[str, Any]], reasoning: str) -> list[Feedback]:
-        actions = [self._action(s) for s in steps]
-        self.messages.append(action_to_message(actions, reasoning=reasoning if self.think else None))
-        fbs = []
-        for a in actions:
-            fb = self.env.step(a)
-            self.steps.append(Step(action=a, feedback=fb))
-            self.messages.append(feedback_to_message(fb))
-            fbs.append(fb)
-        return fbs
+    def _calls(self, steps: list[dict[str, Any]], reasoning: str) -> PlannerReply:
+        calls = []
+        for step in steps:
+            self.n += 1
+            cid = f"call_{self.n}"
+            if step["kind"] == "delegate":
+                calls.append({"name": "delegate", "arguments": {"agent": step["agent"], "instruction": step["instruction"]}, "id": cid})
+            else:
+                calls.append({"name": step["name"], "arguments": dict(step["arguments"]), "id": cid,
+                              "agent": step.get("agent", "planner")})
+        return PlannerReply(calls=calls, reasoning=reasoning if self.think else None)
 
-    def recover(self, step: dict[str, Any], fb: Feedback) -> None:
+    def _recover(self, step: dict[str, Any], fb: Feedback) -> Generator[PlannerReply, Any, None]:
         fallbacks = list(step.get("fallbacks", []))
         for _ in range(MAX_RECOVERIES):
             if fb.ok:
@@ -119,7 +136,7 @@ class _Runner:
             elif code == ErrorCode.PRECONDITION_FAILED and isinstance(fb.result, dict) and "fix" in fb.result:
                 fix = fb.result["fix"]
                 fix_step = {"kind": "tool_call", "name": fix["name"], "arguments": fix["arguments"], "agent": step.get("agent", "planner")}
-                fix_fb = self.send([fix_step], f"{fb.message}. I'll fix that with {fix['name']} first.")[0]
+                fix_fb = (yield self._calls([fix_step], f"{fb.message}. I'll fix that with {fix['name']} first."))[0]
                 if not fix_fb.ok:
                     return
                 reason = f"Now that {fix['name']} succeeded, retrying {step['name']}."
@@ -129,9 +146,9 @@ class _Runner:
                 step = nxt
             else:
                 return
-            fb = self.send([step], reason)[0]
+            fb = (yield self._calls([step], reason))[0]
 
-    def page(self, step: dict[str, Any], fb: Feedback) -> None:
+    def _page(self, step: dict[str, Any], fb: Feedback) -> Generator[PlannerReply, Any, None]:
         """A search page that says has_more and lacks an exact match for the query: fetch the next page."""
         for _ in range(MAX_RECOVERIES):
             res = fb.result if isinstance(fb.result, dict) else {}
@@ -142,24 +159,19 @@ class _Runner:
                 return
             step = dict(step, arguments={**step["arguments"], "offset": res["next_offset"]})
             step.pop("group", None)
-            fb = self.send([step], f"That page has no exact match for {q!r} and there are more results; fetching the next page.")[0]
+            fb = (yield self._calls([step], f"That page has no exact match for {q!r} and there are more results; fetching the next page."))[0]
 
-    def run(self, plan: list[dict[str, Any]]) -> None:
-        i = 0
+    def _run(self) -> Generator[PlannerReply, Any, None]:
+        plan, i = self.plan, 0
         while i < len(plan):
             step = plan[i]
             if step["kind"] == "message":
-                a = Action.message(step["text"])
                 why = step.get("why") or "I have everything I need to reply."
-                self.messages.append(action_to_message(a, reasoning=why if self.think else None))
-                fb = self.env.step(a)
-                if fb is not None and fb.ok and fb.user_turn:  # a conversation: the user's next turn, plan goes on
-                    self.steps.append(Step(action=a, feedback=fb))
-                    self.messages.append({"role": "user", "content": fb.user_turn})
+                shown = yield PlannerReply(text=step["text"], reasoning=why if self.think else None)
+                if isinstance(shown, str):  # a conversation: the user's next turn, the plan goes on
                     i += 1
                     continue
-                self.steps.append(Step(action=a, feedback=None))
-                return  # a message that gets no next user turn ends the episode
+                return  # the env refused the message: nothing more to say
             batch = [step]
             g = step.get("group")
             j = i + 1
@@ -172,29 +184,33 @@ class _Runner:
             together = len(batch) > 1 and (self.rng.random() < 0.5 if self.rng is not None else False)
             chunks = [batch] if together else [[s] for s in batch]
             for chunk in chunks:
-                reason = " ".join(_why(s, self.rng) for s in chunk)
-                fbs = self.send(chunk, reason)
+                fbs = yield self._calls(chunk, " ".join(_why(s, self.rng) for s in chunk))
                 for s, fb in zip(chunk, fbs):
                     if not fb.ok:
-                        self.recover(s, fb)
+                        yield from self._recover(s, fb)
                     else:
-                        self.page(s, fb)
+                        yield from self._page(s, fb)
 
 
-def run_plan(env: Any, task: Task, plan: list[dict[str, Any]], seed: int | None = None,
-             reasoning: str = "full") -> OracleEpisode:
-    """Run `plan` (gold or a corrupted copy) with the oracle's recovery policy; seed None = canonical.
+def plan_turn_bound(plan: list[dict[str, Any]]) -> int:
+    """The most replies the oracle can give for `plan` (each step once, plus at most two per recovery or page):
+    the turn limit of an oracle episode run without one, which the rules then never reach."""
+    return max(1, len(plan) * (1 + 2 * MAX_RECOVERIES))
 
-    `reasoning` "full" writes the oracle's reasoning sentences, "none" leaves them out (`envs.context`).
+
+def run_plan(env: Any, task: Task, plan: list[dict[str, Any]], seed: int | None = None, reasoning: str = "full",
+             max_turns: int | None = None) -> ChatEpisode:
+    """Run `plan` (gold or a corrupted copy) with the oracle's recovery policy through the one chat-level
+    driver (`envs.episode.run_chat_episode`, the episode rules included); seed None = canonical.
+
+    `reasoning` "full" writes the oracle's reasoning sentences, "none" leaves them out (`envs.context`);
+    `max_turns` per user turn (None: `plan_turn_bound(plan)`).
     """
-    think = reasoning != "none"
-    runner = _Runner(env, task, random.Random(seed) if seed is not None else None, think)
-    runner.run(plan)
-    return OracleEpisode(task.id, runner.messages, runner.tools, runner.steps, env.verify(), getattr(env, "ledger_hash", ""))
+    planner = OraclePlanner(plan, seed, reasoning)
+    return run_chat_episode(planner, env, task, max_turns=plan_turn_bound(plan) if max_turns is None else max_turns)
 
 
-def run_oracle_episode(env: Any, task: Task, seed: int = 0, variation: bool = True,
-                       reasoning: str = "full") -> OracleEpisode:
+def run_oracle_episode(env: Any, task: Task, seed: int = 0, variation: bool = True, reasoning: str = "full",
+                       max_turns: int | None = None) -> ChatEpisode:
     """Solve `task` from its gold with seeded natural variation; the chat, steps and verification."""
-    return run_plan(env, task, task.gold, seed if variation else None, reasoning)
-
+    return run_plan(env, task, task.gold, seed if variation else None, reasoning, max_turns)

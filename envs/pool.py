@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
+from mpa_jax.envs.base import EnvFault
 from mpa_jax.envs.contract import ErrorCode, Feedback
 
 
@@ -123,15 +124,16 @@ class EnvPool:
                     raise
 
     def step_all(self, pairs: Sequence[tuple[Any, Any]]) -> list[Feedback]:
-        """Step every (env, action) concurrently; one Feedback per pair, in order. Never raises."""
+        """Step every (env, action) concurrently; one Feedback per pair, in order (a bug in an env is raised)."""
         return self.call_all([(env, (lambda e=env, a=action: e.step(a)), getattr(action, "call_id", ""))
                               for env, action in pairs])
 
     def call_all(self, calls: Sequence[tuple[Any, Callable[[], Any], str]]) -> list[Any]:
         """Run (env, fn, call_id) calls concurrently with per-kind timeouts.
 
-        A result is fn()'s value; an exception becomes INFRA Feedback; a timeout becomes TIMEOUT Feedback and
-        quarantines the env; a quarantined env answers INFRA without running.
+        A result is fn()'s value; an `envs.base.EnvFault` becomes INFRA Feedback; a timeout becomes TIMEOUT
+        Feedback and quarantines the env; a quarantined env answers INFRA without running. Any other exception
+        is a bug and is raised.
         """
         out: list[Any] = [None] * len(calls)
         futures: list[tuple[int, Any, str, cf.Future]] = []
@@ -150,7 +152,7 @@ class EnvPool:
             t0 = time.perf_counter()
             try:
                 out[i] = fn()
-            except Exception as e:  # noqa: BLE001 - an env crash is the world's fault
+            except EnvFault as e:  # the env reports the world failed; any other exception is a bug and goes up
                 m["infra"] += 1
                 out[i] = Feedback.error(ErrorCode.INFRA, f"env raised {type(e).__name__}: {e}", call_id)
             else:
@@ -166,7 +168,7 @@ class EnvPool:
                 self._quarantined.add(id(env))
                 self.metrics[kind]["timeouts"] += 1
                 out[i] = Feedback.error(ErrorCode.TIMEOUT, f"{kind} env call exceeded {self.limit(kind).timeout_s}s", call_id)
-            except Exception as e:  # noqa: BLE001 - an env crash is the world's fault, never the policy's
+            except EnvFault as e:  # the world's fault, never the policy's (any other exception is a bug: raised)
                 self.metrics[kind]["infra"] += 1
                 out[i] = Feedback.error(ErrorCode.INFRA, f"env raised {type(e).__name__}: {e}", call_id)
             else:

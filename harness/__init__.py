@@ -9,8 +9,8 @@ Modules: `config` (HarnessConfig from `config.harness`), `runtime` (HarnessSessi
 context, routing, feedback, traces, sub-agents), `registry` (one tool registry over providers:
 sandbox, MCP, memory), `mcp` (MCP servers over stdio with the official SDK), `retrieval` (catalog
 top-k), `normalise` (schema normalisers + approved rewrites), `skills` (versioned skill files and
-macros), `planners` (engine / OpenAI-compatible / scripted backends), `episode` (text-level episode
-loop), `store` (SQLite WAL trace + proposal store), `evolution` (mining, review, versions).
+macros), `planners` (engine / OpenAI-compatible / scripted backends of the one planner protocol, driven by
+`envs.episode`), `store` (SQLite WAL trace + proposal store), `evolution` (mining, review, versions).
 Memory (`mpa_jax.harness.memory`) plugs in as a tool provider.
 """
 from mpa_jax.harness.config import HARNESS_VERSION, HarnessConfig, HarnessConfigError  # noqa: F401

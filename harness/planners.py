@@ -1,63 +1,28 @@
-"""Planner backends behind one interface: `respond(messages, tools) -> PlannerReply`.
+"""Planner backends behind the one planner protocol (`envs.episode.Planner`: `respond(messages, tools) ->
+PlannerReply`), all driven by the one chat-level driver (`envs.episode.drive` / `run_chat_episode`).
 
 - `EnginePlanner`: any object with the RolloutEngine shape (`generate(prompts, params, seeds)`) and a
   tokenizer: the embedded JAX engine or the SGLang client (token-in/token-out: the reply keeps its
   sampled ids and log-probs). Duck-typed, so this module never imports jax or the rollout package.
-- `OpenAIChatPlanner`: any OpenAI-compatible `/v1/chat/completions` endpoint with `tools` and
-  `tool_calls` (`mpa serve`, SGLang's OpenAI server, vLLM, hosted APIs).
+- `OpenAIChatPlanner`: the one OpenAI client (httpx): any OpenAI-compatible `/v1/chat/completions`
+  endpoint with `tools` and `tool_calls` (`mpa serve`, SGLang's OpenAI server, vLLM, hosted APIs); the
+  teacher endpoint of data collection is one too.
 - `ScriptedPlanner`: replays given replies (tests, demos).
+- The scripted oracle (`envs.oracle.OraclePlanner`) lives with the envs (the task gate runs it).
 
 Nothing here raises for a backend problem: timeouts, HTTP errors, engine errors and garbage replies
 come back as a PlannerReply whose `error` is a Feedback (TIMEOUT/INFRA for the backend's fault,
-INVALID_ARGUMENTS for an unparseable tool call), so the episode loop goes on or ends cleanly.
+INVALID_ARGUMENTS for an unparseable tool call), so the episode loop goes on or ends cleanly. Any other
+exception (a programming error) is raised: a bug is never infra.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from mpa_jax.envs.contract import ErrorCode, Feedback
-from mpa_jax.harness.episode import PARSE_HINT
-
-
-@dataclasses.dataclass
-class PlannerReply:
-    """One planner turn: text and/or tool calls ({"name", "arguments", "id"}), or an error Feedback."""
-
-    text: str = ""
-    calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    reasoning: str | None = None
-    error: Feedback | None = None
-    prompt_ids: list[int] = dataclasses.field(default_factory=list)
-    token_ids: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    latency_s: float = 0.0
-    raw: str = ""
-
-    @property
-    def infra(self) -> bool:
-        return self.error is not None and self.error.is_infra
-
-    def to_message(self) -> dict[str, Any]:
-        """The assistant message of this reply (OpenAI style)."""
-        msg: dict[str, Any] = {"role": "assistant", "content": self.text}
-        if self.reasoning:
-            msg["reasoning_content"] = self.reasoning
-        if self.calls:
-            msg["tool_calls"] = [{"type": "function", "id": c.get("id", ""),
-                                  "function": {"name": c["name"], "arguments": c.get("arguments", {})}} for c in self.calls]
-        return msg
-
-
-class Planner(Protocol):
-    name: str
-
-    def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PlannerReply:
-        ...
+from mpa_jax.envs.episode import PARSE_HINT, Planner, PlannerReply  # noqa: F401 - the protocol, importable from here too
 
 
 def _from_text(text: str, raw: str | None = None) -> PlannerReply:
@@ -99,19 +64,21 @@ class ScriptedPlanner:
 
 
 class EnginePlanner:
-    """A RolloutEngine-shaped object plus a tokenizer (chat template + Qwen tool-call format)."""
+    """A RolloutEngine-shaped object plus a tokenizer (chat template + Qwen tool-call format). An exception of
+    `engine_errors` (the engine's `EngineError`) or an aborted request is an INFRA reply; any other is raised."""
 
     name = "engine"
 
     def __init__(self, engine: Any, tokenizer: Any, max_new_tokens: int = 256, temperature: float = 0.0,
-                 seed: int = 0, *, params_cls: Any) -> None:
+                 seed: int = 0, *, params_cls: Any, engine_errors: tuple[type[BaseException], ...]) -> None:
         self.engine, self.tokenizer = engine, tokenizer
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
-        self._params_cls = params_cls
+        # the engine's SamplingParams and EngineError, passed in: the harness never imports the rollout package
+        self._params_cls, self._engine_errors = params_cls, tuple(engine_errors)
         self._n = 0
 
     def _params(self) -> Any:
-        cls = self._params_cls  # the engine's SamplingParams, passed in: the harness never imports the rollout package
+        cls = self._params_cls
         stops = [self.tokenizer.token_id("<|im_end|>"), *getattr(self.tokenizer, "eos_token_ids", [])]
         return cls(max_new_tokens=self.max_new_tokens, temperature=self.temperature, stop_token_ids=tuple(dict.fromkeys(stops)))
 
@@ -119,11 +86,11 @@ class EnginePlanner:
         from mpa_jax import tokenizer as tk
 
         t0 = time.perf_counter()
+        prompt = tk.generation_prompt_ids(self.tokenizer, messages, tools)
+        self._n += 1
         try:
-            prompt = tk.generation_prompt_ids(self.tokenizer, messages, tools)
-            self._n += 1
             (out,) = self.engine.generate([prompt], self._params(), [self.seed * 1_000_003 + self._n])
-        except Exception as e:  # noqa: BLE001 - EngineError or a broken backend: the world's fault
+        except self._engine_errors as e:  # the engine reports a fault (infra); any other exception is a bug
             return PlannerReply(error=Feedback.error(ErrorCode.INFRA, f"planner engine failed: {type(e).__name__}: {e}"),
                                 latency_s=time.perf_counter() - t0)
         if getattr(out, "finish_reason", "") == "abort":
@@ -141,7 +108,9 @@ class EnginePlanner:
 
 
 class OpenAIChatPlanner:
-    """Any OpenAI-compatible chat endpoint (`base_url` ends before `/chat/completions`, e.g. http://h:p/v1)."""
+    """Any OpenAI-compatible chat endpoint (`base_url`: e.g. http://h:p/v1 or http://h:p); `model` "" asks
+    for the server's own model. Backend faults come back as TIMEOUT/INFRA error replies (see the module
+    docstring)."""
 
     name = "openai"
 
@@ -150,6 +119,8 @@ class OpenAIChatPlanner:
         self.base_url = base_url.rstrip("/")
         self.model, self.timeout_s, self.max_tokens, self.temperature = model, timeout_s, max_tokens, temperature
         self.api_key, self.retries = api_key, retries
+        # the endpoint: `<base_url>/chat/completions` for a base that ends in /v1, else `<base_url>/v1/chat/completions`
+        self.url = self.base_url + ("/chat/completions" if self.base_url.endswith("/v1") else "/v1/chat/completions")
 
     def respond(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PlannerReply:
         import httpx
@@ -161,29 +132,24 @@ class OpenAIChatPlanner:
         if tools:
             body["tools"] = tools
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        url = self.base_url + "/chat/completions"
+        url = self.url
         t0 = time.perf_counter()
-        last = ""
-        for attempt in range(self.retries + 1):
+        for _ in range(self.retries + 1):
             try:
                 r = httpx.post(url, json=body, headers=headers, timeout=self.timeout_s)
             except httpx.TimeoutException:
-                last = "timeout"
                 err = Feedback.error(ErrorCode.TIMEOUT, f"planner endpoint {url} did not answer within {self.timeout_s:g} s")
                 continue
-            except httpx.HTTPError as e:
-                last = "http"
+            except (httpx.HTTPError, OSError) as e:
                 err = Feedback.error(ErrorCode.INFRA, f"planner endpoint {url} unreachable: {type(e).__name__}: {e}")
                 continue
             if r.status_code >= 500 or r.status_code == 429:
-                last = "http"
                 err = Feedback.error(ErrorCode.INFRA, f"planner endpoint {url} answered HTTP {r.status_code}: {r.text[:200]}")
                 continue
             if r.status_code != 200:
                 return PlannerReply(error=Feedback.error(ErrorCode.INFRA, f"planner endpoint {url} refused the request: HTTP {r.status_code}: {r.text[:200]}"),
                                     latency_s=time.perf_counter() - t0)
             return _parse_openai(r, url, time.perf_counter() - t0)
-        del last
         return PlannerReply(error=err, latency_s=time.perf_counter() - t0)
 
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Task, ToolSpec, Trajectory
 from mpa_jax.harness.config import HarnessConfig
-from mpa_jax.harness.episode import Episode, reply_from_planner
+from mpa_jax.envs.episode import Episode, PlannerReply, drive
 from mpa_jax.harness.evolution import HarnessVersion, read_version
 from mpa_jax.harness.grounding import ground_arguments
 from mpa_jax.harness.normalise import normalise_arguments, schema_hint
@@ -406,17 +406,15 @@ class HarnessEnv:
 
         ep = Episode(self.task, step, max_turns=self.cfg.subagent_turns, agent=role, answer_to_env=False,
                      make_call_id=lambda turn, j: f"{action.call_id}.{turn - 1}.{j}")
-        while not ep.ended:
-            reply = planner.respond(run.messages, tools)
+
+        def seen(reply: PlannerReply) -> None:
             run.output_tokens += reply.output_tokens
             run.prompt_tokens += reply.prompt_tokens
             run.turns.append({"prompt_ids": reply.prompt_ids, "token_ids": reply.token_ids, "logprobs": reply.logprobs})
             self._record(role, "planner", {"turn": ep.turns, "text": reply.text, "calls": reply.calls,
                                            "error": reply.error.to_dict() if reply.error else None})
-            msg, shown = ep.act(reply_from_planner(reply))
-            if msg is not None:
-                run.messages.append(msg)
-            run.messages += shown
+
+        drive(planner, ep, run.messages, tools, seen)  # the one chat-level driver, sub-agents included
         if ep.finish_reason == "answer":
             run.answer = ep.answer or ""
             return Feedback(call_id=action.call_id, status="ok",

@@ -145,7 +145,7 @@ class Loop:
 
         The weights come from the policy's competence per cell, measured on fresh probe tasks and on the
         round's RL rollouts (`rl_rollouts`: their directory; groups of samples on fresh tasks)."""
-        from mpa_jax.data import (Collector, CurationConfig, TeacherClient, all_keys, competence_from_trajectories, construct_tasks,
+        from mpa_jax.data import (Collector, CurationConfig, all_keys, competence_from_trajectories, construct_tasks,
                                   curate, generation_weights)
         from mpa_jax.envs import Trajectory, read_jsonl, write_jsonl
 
@@ -173,8 +173,9 @@ class Loop:
         para = None
         if str(d.teacher_url) and bool(d.paraphrase):
             from mpa_jax.data import paraphraser
+            from mpa_jax.harness.planners import OpenAIChatPlanner
 
-            para = paraphraser(TeacherClient(str(d.teacher_url), model=str(d.teacher_model), temperature=0.7))
+            para = paraphraser(OpenAIChatPlanner(str(d.teacher_url), model=str(d.teacher_model), max_tokens=512, temperature=0.7))
         tasks, stats = construct_tasks(int(d.tasks_per_round), weights, round_index=round_index, seed=int(cfg.seed), paraphrase=para)
         # the constructed tasks (fresh instances, weighted by competence) are also the next RL stage's tasks
         os.makedirs(out_dir, exist_ok=True)
@@ -188,8 +189,10 @@ class Loop:
             tasks = list(train[: int(cfg.oracle.max_tasks)] if int(cfg.oracle.max_tasks) > 0 else train) + tasks
         trajs += collector.oracle(tasks, seed=int(cfg.seed) + round_index, variants=int(cfg.oracle.variants))
         if str(d.teacher_url) and int(d.teacher_tasks) > 0:
-            client = TeacherClient(str(d.teacher_url), model=str(d.teacher_model))
-            trajs += collector.teacher(tasks[: int(d.teacher_tasks)], client, max_turns=int(cfg.rollout.max_turns))
+            from mpa_jax.harness.planners import OpenAIChatPlanner
+
+            teacher = OpenAIChatPlanner(str(d.teacher_url), model=str(d.teacher_model), max_tokens=512)
+            trajs += collector.teacher(tasks[: int(d.teacher_tasks)], teacher, max_turns=int(cfg.rollout.max_turns))
         result = curate(trajs, CurationConfig.from_config(d, max_tokens=min(int(d.max_tokens), int(cfg.sft.seq_len)), target=weights))
         sheet_path = result.write(os.path.join(out_dir, "sft.jsonl"), name=f"round {round_index}")
         _write_json(os.path.join(out_dir, "construction.json"), {"weights": weights, "competence": competence, **stats.to_dict()})

@@ -29,7 +29,7 @@ import time
 from typing import Any, Sequence
 
 from mpa_jax.envs.adb.device import AUTHORITY, EPISODE_URI, STATE_URI
-from mpa_jax.envs.base import EnvUnavailable
+from mpa_jax.envs.base import EnvFault, EnvUnavailable
 from mpa_jax.envs.catalog import ENTITY_BY_NAME
 from mpa_jax.envs.contract import Action, ErrorCode, Feedback, Task, ToolSpec, Verification
 from mpa_jax.envs.context import ContextFormat
@@ -44,7 +44,7 @@ _RESULT = re.compile(r"^Result: Bundle\[\{result=(.*)\}\]\s*$", re.S)
 _EXIT = "X4EXIT:"
 
 
-class DeviceFault(Exception):
+class DeviceFault(EnvFault):
     """The device or the adb server failed (not the policy's fault). `code` is INFRA or TIMEOUT;
     `transport` is True when the device or the server could not be reached at all (a timeout, a closed
     connection), False when it answered something wrong."""

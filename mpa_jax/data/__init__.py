@@ -10,6 +10,6 @@ No jax is imported here except by `Collector.policy` (the embedded engine), lazi
 """
 from mpa_jax.data.keys import KEY_SEP, all_keys, key_of_task, key_of_trajectory  # noqa: F401
 from mpa_jax.data.construct import construct_tasks  # noqa: F401
-from mpa_jax.data.collect import Collector, TeacherClient, TeacherError, encode_episode, oracle_dataset, oracle_tasks, paraphraser  # noqa: F401
+from mpa_jax.data.collect import Collector, encode_episode, oracle_dataset, oracle_tasks, paraphraser  # noqa: F401
 from mpa_jax.data.curate import CurationConfig, CurationResult, curate, failure_clusters, is_recovery  # noqa: F401
 from mpa_jax.data.feedback import competence_from_trajectories, generation_weights  # noqa: F401

@@ -2,26 +2,25 @@
 
     col = Collector(config, tok)                       # envs, context format and vocabulary from the config
     demos = col.oracle(tasks, seed=0, variants=1)      # scripted demonstrations (mpa oracle, SFT data, the starter)
-    more = col.teacher(tasks, TeacherClient(url))      # any OpenAI-compatible endpoint
+    more = col.teacher(tasks, OpenAIChatPlanner(url, model=...), max_turns=8)   # any OpenAI-compatible endpoint
     policy = col.policy(engine, tasks, out_path=...)   # the current policy through the episode runner
 
 Every trajectory has provenance `planner` = "oracle" | "teacher:<model>" | the policy's label, so curation
-and datasheets can tell the sources apart. Oracle and teacher episodes are text-level chats encoded once
-with the chat template (loss mask on assistant turns); policy episodes come from the `EpisodeRunner`,
-token-in/token-out. A task keeps its gold arguments in schema order through its JSON round trip
+and datasheets can tell the sources apart. Oracle and teacher episodes are text-level chats from the one
+chat-level driver under the episode rules (`envs.episode.run_chat_episode`; the oracle is a planner,
+`envs.oracle.OraclePlanner`, and the teacher an `harness.planners.OpenAIChatPlanner`), encoded once with the
+chat template (loss mask on assistant turns); policy episodes come from the `EpisodeRunner`, token-in/token-out.
+Infra is what an env or the endpoint reports as infra; any other exception fails the run with its traceback
+and a note naming the task. A task keeps its gold arguments in schema order through its JSON round trip
 (`Task.to_json`), so a demonstration does not depend on whether its task was generated or read back.
 """
 from __future__ import annotations
 
-import json
 import os
-import time
-import urllib.error
-import urllib.request
 from typing import Any, Callable, Sequence
 
 from mpa_jax import seeds
-from mpa_jax.envs.contract import Action, Step, Trajectory, Verification
+from mpa_jax.envs.contract import Step, Trajectory, Verification
 
 
 def _bar(total: int, label: str, enabled: bool) -> tuple[Any, Any] | None:
@@ -106,11 +105,13 @@ class Collector:
                on_infra: Callable[[Any, Exception], None] | None = None) -> list[Trajectory]:
         """The oracle's demonstrations of `tasks` (`variants` differently seeded phrasings each), in order;
         with `out` also written there (atomically: a partial file is never mistaken for the result). An
-        episode whose env fails (a device lost at reset) is reported to `on_infra` and left out; an env that
-        is gone for good (`envs.base.EnvUnavailable`: a dead device) stops the run with that error."""
+        episode that ends as infra (the env reported a fault: a device lost at reset) is reported to
+        `on_infra` and left out; an env that is gone for good (`envs.base.EnvUnavailable`: a dead device)
+        stops the run with that error. The oracle's turn limit is its plan's bound (`envs.oracle.plan_turn_bound`):
+        two BFCL ground truths need 35 replies in one user turn."""
         from mpa_jax.envs import run_oracle_episode
+        from mpa_jax.envs.base import EnvFault, EnvUnavailable
         from mpa_jax.files import write_jsonl
-        from mpa_jax.envs.base import EnvUnavailable
 
         kind = self.envs.default_kind
         env = self.envs(kind)
@@ -125,9 +126,9 @@ class Collector:
                         ep = run_oracle_episode(env, task, seed=s, reasoning=reasoning)
                     except EnvUnavailable as e:  # every remaining episode would fail the same way: stop the run
                         raise EnvUnavailable(f"{e}; stopped after {i} of {len(tasks)} tasks") from None
-                    except Exception as e:  # noqa: BLE001 - a device lost at reset is infra: the run goes on
+                    if ep.infra:
                         if on_infra is not None:
-                            on_infra(task, e)
+                            on_infra(task, EnvFault(ep.infra))
                         continue
                     traj = encode_episode(self.tok, task, ep.messages, ep.tools, ep.steps, ep.verification, "oracle", s,
                                           self.vocab_limit, kind)
@@ -144,31 +145,29 @@ class Collector:
             write_jsonl(out, trajs)
         return trajs
 
-    def teacher(self, tasks: Sequence[Any], client: Any, *, max_turns: int = 8,
+    def teacher(self, tasks: Sequence[Any], planner: Any, *, max_turns: int,
                 on_error: Callable[[Any, Exception], None] | None = None) -> list[Trajectory]:
-        """Teacher episodes of `tasks` through `client` (a `TeacherClient`). An episode whose endpoint call
-        fails is an infra failure (kept, flagged, never a training example) and reported to `on_error`."""
+        """Teacher episodes of `tasks`, planned by `planner` (an `OpenAIChatPlanner` on the teacher endpoint, or any
+        `Planner`), under the episode rules with `max_turns` per user turn. An episode that ends as infra (the
+        endpoint or the env failed) is kept, flagged and never a training example, and reported to `on_error`."""
+        from mpa_jax.envs.episode import run_chat_episode
+
         env = self.envs(self.envs.default_kind)
         out: list[Trajectory] = []
-        planner = f"teacher:{getattr(client, 'model', 'teacher')}"
+        label = f"teacher:{getattr(planner, 'model', '') or getattr(planner, 'name', type(planner).__name__)}"
         bar = _bar(len(tasks), "teacher", self.progress)
         try:
             for task in tasks:
-                t0 = time.perf_counter()
-                try:
-                    messages, tools, steps, ver = teacher_episode(client, env, task, max_turns)
-                    traj = encode_episode(self.tok, task, messages, tools, steps, ver, planner, 0, self.vocab_limit,
-                                          self.envs.default_kind)
-                    traj.costs["wall_s"] = time.perf_counter() - t0
-                except TeacherError as e:
+                ep = run_chat_episode(planner, env, task, max_turns=max_turns)
+                if ep.infra:
                     if on_error is not None:
-                        on_error(task, e)
-                    traj = Trajectory(task_id=task.id, tokens=[], loss_mask=[], logprobs=[], steps=[],
-                                      verification=Verification(success=False, score=0.0, infra_error=True),
-                                      provenance={"task": task.id, "planner": planner, "domain": task.domain,
-                                                  "category": task.category, "template": task.template,
-                                                  "difficulty": int(task.difficulty), "infra_reason": str(e)},
-                                      finish_reason="infra", infra_failure=True)
+                        on_error(task, RuntimeError(f"teacher episode of {task.id}: {ep.infra}"))
+                    traj = ep.trajectory()
+                    traj.provenance.update({"planner": label, "difficulty": int(task.difficulty), "env": self.envs.default_kind})
+                else:
+                    traj = encode_episode(self.tok, task, ep.messages, ep.tools, ep.steps, ep.verification, label, 0,
+                                          self.vocab_limit, self.envs.default_kind)
+                    traj.costs["wall_s"] = ep.costs["wall_s"]
                 out.append(traj)
                 if bar:
                     bar[0].update(bar[1], advance=1)
@@ -189,106 +188,25 @@ class Collector:
         return ev.run(engine, out_path, greedy=greedy, seed=seed, label=label)
 
 
-class TeacherClient:
-    """A chat-completions client for any OpenAI-compatible endpoint (`mpa serve`, SGLang, a hosted API).
-
-    `chat(messages, tools) -> assistant message dict` ({"content", "tool_calls"}); HTTP and decoding
-    errors raise `TeacherError` naming the endpoint.
-    """
-
-    def __init__(self, base_url: str, model: str = "teacher", api_key: str = "", timeout_s: float = 60.0,
-                 max_tokens: int = 512, temperature: float = 0.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model, self.api_key, self.timeout_s = model, api_key, timeout_s
-        self.max_tokens, self.temperature = max_tokens, temperature
-
-    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"model": self.model, "messages": _openai_messages(messages), "tools": tools,
-                "max_tokens": self.max_tokens, "temperature": self.temperature}
-        url = self.base_url + ("/chat/completions" if self.base_url.endswith("/v1") else "/v1/chat/completions")
-        req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {self.api_key}"} if self.api_key else {})})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                data = json.loads(r.read().decode())
-            return data["choices"][0]["message"]
-        except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as e:
-            raise TeacherError(f"teacher endpoint {url}: {type(e).__name__}: {e}") from None
-
-
-class TeacherError(RuntimeError):
-    """The teacher endpoint failed (unreachable, HTTP error, or an answer that is not a chat completion)."""
-
-
 PARAPHRASE_PROMPT = ("Rewrite the user's request to a phone assistant in different words. Keep every name, number, "
                      "date, time, place and quoted value exactly as written. Answer with the rewritten request only.")
 
 
-def paraphraser(client: Any) -> Callable[[Any], str | None]:
-    """A `construct_tasks(paraphrase=...)` hook that asks `client` (a TeacherClient or any object with
-    `chat(messages, tools)`) to reword a task's instruction. Rewordings that drop a quoted value or a
-    number of the original are refused (None), and the task keeps its words; every kept rewording goes
-    through the quality gate again."""
+def paraphraser(planner: Any) -> Callable[[Any], str | None]:
+    """A `construct_tasks(paraphrase=...)` hook that asks `planner` (an `OpenAIChatPlanner` on the teacher
+    endpoint, or any `Planner`) to reword a task's instruction. Rewordings that drop a quoted value or a
+    number of the original are refused (None), and so is a failed request: the task keeps its words; every
+    kept rewording goes through the quality gate again."""
     import re
 
     def rewrite(task: Any) -> str | None:
-        try:
-            reply = client.chat([{"role": "system", "content": PARAPHRASE_PROMPT}, {"role": "user", "content": task.instruction}], [])
-        except TeacherError:
+        reply = planner.respond([{"role": "system", "content": PARAPHRASE_PROMPT}, {"role": "user", "content": task.instruction}], None)
+        if reply.error is not None:
             return None
-        text = str(reply.get("content") or "").strip()
+        text = str(reply.text or "").strip()
         must = re.findall(r"\d+(?:[.,:]\d+)*|'[^']+'|\"[^\"]+\"", task.instruction)
         if not text or any(m not in text for m in must):
             return None
         return text
 
     return rewrite
-
-
-def _openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Our chat (tool-call arguments as dicts) in the OpenAI wire form (arguments as JSON strings)."""
-    out = []
-    for m in messages:
-        m = {k: v for k, v in m.items() if k != "reasoning_content"}
-        if m.get("tool_calls"):
-            calls = []
-            for c in m["tool_calls"]:
-                fn = dict(c["function"])
-                if not isinstance(fn.get("arguments"), str):
-                    fn["arguments"] = json.dumps(fn.get("arguments", {}))
-                calls.append({**c, "function": fn})
-            m["tool_calls"] = calls
-        out.append(m)
-    return out
-
-
-def teacher_episode(client: Any, env: Any, task: Any, max_turns: int = 8) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Step], Verification]:
-    """One episode of `task` planned by the teacher; the chat, tools, steps and verification."""
-    from mpa_jax.envs import action_to_message, feedback_to_message, tool_call_to_action
-
-    obs = env.reset(task)
-    messages, tools = list(obs["messages"]), obs["tools"]
-    steps: list[Step] = []
-    n = 0
-    for _ in range(max_turns):
-        reply = client.chat(messages, tools)
-        calls = reply.get("tool_calls") or []
-        if not calls:
-            a = Action.message(str(reply.get("content") or ""))
-            messages.append(action_to_message(a))
-            env.step(a)
-            steps.append(Step(action=a, feedback=None))
-            break
-        actions = []
-        for c in calls:
-            n += 1
-            a = tool_call_to_action(c)
-            a.call_id = a.call_id or f"call_{n}"
-            actions.append(a)
-        messages.append(action_to_message(actions))
-        for a in actions:
-            fb = env.step(a)
-            steps.append(Step(action=a, feedback=fb))
-            messages.append(feedback_to_message(fb))
-    return messages, tools, steps, env.verify()

@@ -14,8 +14,9 @@ whose summary exists is complete and is reused, so an interrupted evaluation con
 infra failures excluded and counted apart).
 
 A chat planner (anything with `respond(messages, tools)`, e.g. `harness.planners.OpenAIChatPlanner`) or
-`ORACLE` (the scripted oracle) runs through the same runner's envs and harness session with the chat-level
-episode rules (`harness.episode`), `config.rollout.max_turns` turns.
+`ORACLE` (the scripted oracle) runs through the same runner's envs and harness session with the one chat-level
+driver and the same episode rules (`envs.episode`): `config.rollout.max_turns` turns and
+`max_output_errors` (the oracle: its plan's bound).
 """
 from __future__ import annotations
 
@@ -200,7 +201,8 @@ class Evaluator:
     def _chat(self, planner: Any, tasks: list[Any], runner: Any, cfg: Any, on_done: Callable[[Any], None] | None) -> list[Any]:
         """Chat-level episodes of `planner` (or the oracle), one task after another, on the runner's envs and
         harness session."""
-        from mpa_jax.harness.episode import oracle_trajectory, run_episode
+        from mpa_jax.envs.episode import run_chat_episode
+        from mpa_jax.envs.oracle import OraclePlanner, plan_turn_bound
 
         out = []
         for i, task in enumerate(tasks):
@@ -209,11 +211,14 @@ class Evaluator:
                 from mpa_jax.harness.runtime import HarnessEnv
 
                 env = HarnessEnv(env, runner.harness)
-            if planner is ORACLE:
-                traj = oracle_trajectory(env, task, seed=cfg.seed + i, harness_version=runner.harness_version,
-                                         reasoning=runner.envs.context.reasoning)
-            else:
-                traj = run_episode(planner, env, task, cfg.max_turns, runner.harness_version)
+            # the oracle's turn limit is its plan's bound (a ground truth may need more replies than the policy's)
+            p, turns = ((OraclePlanner(task.gold, cfg.seed + i, runner.envs.context.reasoning), plan_turn_bound(task.gold))
+                        if planner is ORACLE else (planner, cfg.max_turns))
+            try:
+                ep = run_chat_episode(p, env, task, max_turns=turns, max_output_errors=cfg.max_output_errors)
+            finally:
+                env.close()
+            traj = ep.trajectory(runner.harness_version)
             out.append(traj)
             if on_done is not None:
                 on_done(traj)

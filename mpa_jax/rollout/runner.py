@@ -14,7 +14,7 @@ Per episode: `env.reset(task)` gives the first messages and tool schemas; the pr
 chat template; then, until the episode ends,
 
     generate -> append the sampled ids as sampled (mask 1, behaviour log-probs) -> turn them into a
-    `harness.episode.Reply` -> the episode rules (`harness.episode.Episode`: parse error -> Feedback,
+    `envs.episode.Reply` -> the episode rules (`envs.episode.Episode`: parse error -> Feedback,
     infra ends the episode, plain text is the answer or, in a conversation, gets the user's next turn) ->
     render the feedback turn(s) or the user turn with the chat template (a user message) and the next
     generation prompt and append them (mask 0) -> repeat. `costs["user_turns"]` counts the user's follow-ups.
@@ -28,9 +28,11 @@ What the token level adds to the rules (Trajectory.finish_reason):
   `<|im_end|>`, or was empty), "control_token" (a ChatML control token anywhere but as the turn's final
   `<|im_end|>`, sampled or spelled out), "invalid_utf8" (U+FFFD in the decoded text); counted per episode
   in `provenance["output_errors"]`;
-- infra: the engine failed (an error, an abort), returned an id outside the tokenizer
-  ("undecodable_token") or a non-finite log-prob (NaN/inf: nothing partial is rewarded), or the env's
-  reset/step/verify failed; `infra_failure` is set and the Verification carries `infra_error`.
+- infra: the engine reported a fault (`EngineError`, an abort), returned an id outside the tokenizer
+  ("undecodable_token") or a non-finite log-prob (NaN/inf: nothing partial is rewarded), or the env
+  reported one (INFRA/TIMEOUT Feedback, `envs.base.EnvFault`, a pool timeout) at set-up, reset, step or
+  verify; `infra_failure` is set and the Verification carries `infra_error`. Any other exception is a bug:
+  it fails the run with its traceback and a note naming the episode (RL would otherwise drop it silently).
 
 Generation stops only on `<|im_end|>`, the one token the chat template ends an assistant turn with; a
 turn that did not end with it is closed by appending `<|im_end|>` with mask 0 and log-prob 0
@@ -56,7 +58,8 @@ from mpa_jax.envs.context import ContextFormat
 from mpa_jax.envs.contract import Feedback, Task, Trajectory, Verification
 from mpa_jax import seeds
 from mpa_jax.envs.pool import EnvPool, KindLimits, limits_from_config
-from mpa_jax.harness.episode import Episode, Reply
+from mpa_jax.envs.base import EnvFault
+from mpa_jax.envs.episode import Episode, Reply
 from mpa_jax.rollout.types import EngineError, GenerateResult, SamplingParams
 
 
@@ -223,7 +226,8 @@ class EpisodeRunner:
         if self.harness is not None and self.harness.cfg.subagents and self.harness.subplanner is None:
             from mpa_jax.harness.planners import EnginePlanner
 
-            self.harness.subplanner = EnginePlanner(engine, tokenizer, cfg.max_new_tokens, cfg.temperature, params_cls=SamplingParams)
+            self.harness.subplanner = EnginePlanner(engine, tokenizer, cfg.max_new_tokens, cfg.temperature, params_cls=SamplingParams,
+                                                   engine_errors=(EngineError,))
         run = _Run(self, engine, tokenizer, list(tasks), cfg, list(kinds) if kinds is not None else None, on_done)
         return run.go()
 
@@ -391,20 +395,16 @@ class _Run:
                 from mpa_jax.harness.runtime import HarnessEnv
 
                 ep.env = HarnessEnv(ep.env, self.r.harness)
-        except Exception as e:  # noqa: BLE001 - a broken env set-up is an infra failure, not a crash
+        except EnvFault as e:  # the env says the world is down (a device lost): infra; anything else is a bug
             self._finish(ep, "infra", f"env set-up failed: {type(e).__name__}: {e}")
             return None
         ep.rules = Episode(task, lambda a, env=ep.env: self.pool.step_all([(env, a)])[0], max_turns=self.cfg.max_turns,
                            max_output_errors=self.cfg.max_output_errors)
-        (obs,) = self.pool.call_all([(ep.env, lambda: ep.env.reset(task), "")])
+        (obs,) = self._env_call(ep, lambda: ep.env.reset(task))
         if isinstance(obs, Feedback):  # the pool answers a failed reset with INFRA/TIMEOUT Feedback
             self._finish(ep, "infra", f"reset failed: {obs.message}")
             return None
-        try:
-            ep.session = tk.ChatSession(self.tok, obs["messages"], list(obs.get("tools") or []) or None)
-        except Exception as e:  # noqa: BLE001 - an observation the template cannot render is the env's fault
-            self._finish(ep, "infra", f"reset gave an observation that cannot be rendered: {type(e).__name__}: {e}")
-            return None
+        ep.session = tk.ChatSession(self.tok, obs["messages"], list(obs.get("tools") or []) or None)
         if len(ep.ids) >= self.cfg.max_total_tokens:
             # not the policy's fault and nothing to sample: never scored (kept for inspection)
             self._finish(ep, "infra", f"the first prompt has {len(ep.ids)} tokens, no room under "
@@ -413,14 +413,22 @@ class _Run:
         return ep
 
     def _turn(self, ep: _Live, out: GenerateResult, device_s: float) -> bool:
-        """Record one sampled turn, act on it, append the feedback; True when the episode has ended."""
+        """Record one sampled turn, act on it, append the feedback; True when the episode has ended. An
+        exception here is a bug (infra comes as EngineError, an abort or INFRA/TIMEOUT Feedback): it fails the
+        run, with a note naming the episode."""
         try:
-            return self._turn_unsafe(ep, out, device_s)
-        except Exception as e:  # noqa: BLE001 - a bug on one episode must not lose the others
-            ep.end("infra", f"agent loop error: {type(e).__name__}: {e}")
-            return True
+            return self._act(ep, out, device_s)
+        except Exception as e:
+            raise _noted(e, ep)
 
-    def _turn_unsafe(self, ep: _Live, out: GenerateResult, device_s: float) -> bool:
+    def _env_call(self, ep: _Live, fn: Callable[[], Any]) -> list[Any]:
+        """`fn` (a reset or verify) through the pool; a bug it raises carries a note naming the episode."""
+        try:
+            return self.pool.call_all([(ep.env, fn, "")])
+        except Exception as e:
+            raise _noted(e, ep)
+
+    def _act(self, ep: _Live, out: GenerateResult, device_s: float) -> bool:
         session, rules = ep.session, ep.rules
         ep.device_s += device_s
         ep.input_tokens += len(session.ids)
@@ -479,7 +487,7 @@ class _Run:
         if ep.infra:
             verification = Verification(success=False, score=0.0, infra_error=True)
         elif ep.env is not None:
-            (v,) = self.pool.call_all([(ep.env, ep.env.verify, "")])
+            (v,) = self._env_call(ep, ep.env.verify)
             if isinstance(v, Verification):
                 verification = v
             else:  # a verifier crash or timeout is infra, never a zero reward
@@ -489,7 +497,7 @@ class _Run:
         if ep.env is not None:
             try:
                 ep.env.close()
-            except Exception:  # noqa: BLE001 - closing must not lose the trajectory
+            except EnvFault:  # a device gone at close: the trajectory is kept
                 pass
             self.pool.release(ep.env)
         self.in_flight[ep.kind] -= 1
@@ -542,6 +550,12 @@ class _Run:
             finish_reason=ep.finish_reason,
             infra_failure=bool(ep.infra),
         )
+
+
+def _noted(e: BaseException, ep: _Live) -> BaseException:
+    """`e` with a note naming its episode (a bug fails the run; the note says where)."""
+    e.add_note(f"in episode {ep.index} (task {ep.task.id!r}, env {ep.kind!r}, turn {ep.rules.turns if ep.rules else 0})")
+    return e
 
 
 def _malformed(out: GenerateResult, sampled: list[int], text: str, controls: dict[int, str], im_end: int) -> tuple[str, str]:

@@ -12,7 +12,8 @@ import pytest
 
 from mpa_jax.envs import Action, ErrorCode, load_tasks, make_env, write_jsonl
 from mpa_jax.harness import HarnessConfig, HarnessSession
-from mpa_jax.harness.episode import oracle_trajectory, run_episode
+from mpa_jax.envs.episode import run_chat_episode
+from mpa_jax.envs.oracle import run_oracle_episode
 from mpa_jax.harness.evolution import EvolutionError, read_version
 from mpa_jax.harness.planners import PlannerReply, ScriptedPlanner
 
@@ -33,13 +34,13 @@ def _coworker_episode(task):
     planner = ScriptedPlanner([PlannerReply(calls=[{"name": "create_contact", "arguments": bad}]),
                                PlannerReply(calls=[{"name": "create_contact", "arguments": good}]),
                                PlannerReply(text="Done.")])
-    return run_episode(planner, make_env("sandbox"), task)
+    return run_chat_episode(planner, make_env("sandbox"), task, max_turns=8).trajectory()
 
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     fault_tasks = [t for t in load_tasks("dev") if any(f.get("code") == "UNSUPPORTED_VALUE" for f in t.faults)]
-    trajs = [oracle_trajectory(make_env("sandbox"), t) for t in fault_tasks]
+    trajs = [run_oracle_episode(make_env("sandbox"), t).trajectory() for t in fault_tasks]
     trajs += [_coworker_episode(t) for t in _contact_tasks()]
     path = tmp_path_factory.mktemp("traces") / "traces.jsonl"
     write_jsonl(str(path), trajs)

@@ -12,7 +12,7 @@ from mpa_jax import tokenizer as tk
 from mpa_jax.envs import Action, ErrorCode, load_tasks, make_env
 from mpa_jax.envs.contract import Task
 from mpa_jax.harness import HarnessConfig, HarnessConfigError, HarnessSession
-from mpa_jax.harness.episode import oracle_trajectory
+from mpa_jax.envs.oracle import run_oracle_episode
 from mpa_jax.harness.planners import PlannerReply, ScriptedPlanner
 from mpa_jax.harness.skills import SkillError, SkillLibrary, load_skill
 
@@ -29,7 +29,7 @@ def tok():
 
 def test_harness_never_imports_jax_flax_or_torch():
     code = ("import sys, mpa_jax.harness, mpa_jax.harness.runtime, mpa_jax.harness.planners, mpa_jax.harness.mcp, "
-            "mpa_jax.harness.evolution, mpa_jax.harness.retrieval, mpa_jax.harness.episode, mpa_jax.commands.harness\n"
+            "mpa_jax.harness.evolution, mpa_jax.harness.retrieval, mpa_jax.envs.episode, mpa_jax.commands.harness\n"
             "from mpa_jax.harness.planners import EnginePlanner, OpenAIChatPlanner\n"
             "bad = [m for m in ('jax', 'flax', 'torch', 'jaxlib') if m in sys.modules]\n"
             "print(','.join(bad))")
@@ -40,10 +40,10 @@ def test_harness_never_imports_jax_flax_or_torch():
 def test_oracle_success_is_not_lowered_by_the_harness(dev):
     """Sanity row of docs/harness.md: the oracle through the harness (task tools and catalog mode)."""
     tasks = dev[::6][:80]
-    off = [oracle_trajectory(make_env("sandbox"), t).verification.success for t in tasks]
+    off = [run_oracle_episode(make_env("sandbox"), t).verification.success for t in tasks]
     for mode in ("task", "catalog"):
         session = HarnessSession(HarnessConfig(enabled=True, tools=mode))
-        on = [oracle_trajectory(session.env_factory(), t).verification.success for t in tasks]
+        on = [run_oracle_episode(session.env_factory(), t).verification.success for t in tasks]
         assert sum(on) >= sum(off) == len(tasks), mode
 
 
@@ -276,7 +276,7 @@ def test_memory_provider_is_wired_by_config(dev):
     fb = env.step(Action.tool_call("memory_search", {"query": mem.instruction}, "m1"))
     assert fb.ok and fb.result["turns"]
     env.close()
-    assert oracle_trajectory(session.env_factory(), mem).verification.success
+    assert run_oracle_episode(session.env_factory(), mem).verification.success
     session.close()
 
 

@@ -15,7 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _episodes():
-    from mpa_jax.harness.episode import oracle_trajectory, run_episode
+    from mpa_jax.envs.episode import run_chat_episode
+    from mpa_jax.envs.oracle import run_oracle_episode
     from mpa_jax.harness.planners import PlannerReply, ScriptedPlanner
 
     out = []
@@ -24,9 +25,9 @@ def _episodes():
         planner = ScriptedPlanner([PlannerReply(calls=[{"name": "create_contact", "arguments": dict(args, relation="coworker")}]),
                                    PlannerReply(calls=[{"name": "create_contact", "arguments": dict(args, relation="colleague")}]),
                                    PlannerReply(text="Done.")])
-        out.append(run_episode(planner, make_env("sandbox"), task))
+        out.append(run_chat_episode(planner, make_env("sandbox"), task, max_turns=8).trajectory())
     fault_tasks = [t for t in load_tasks("dev") if any(f.get("code") == "UNSUPPORTED_VALUE" for f in t.faults)]
-    out += [oracle_trajectory(make_env("sandbox"), t) for t in fault_tasks]
+    out += [run_oracle_episode(make_env("sandbox"), t).trajectory() for t in fault_tasks]
     return out
 
 

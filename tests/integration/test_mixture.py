@@ -5,20 +5,23 @@ The pool's properties are checked by counted events, never by elapsed seconds: a
 in flight, and gates it holds until the test opens them show which calls overlapped or were left behind."""
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from typing import Any, Callable, Sequence
 
 import pytest
 
+from mpa_jax import tokenizer as tk
 from mpa_jax.config import load_config_file
-from mpa_jax.envs import Action, ErrorCode, Feedback, SandboxEnv, Task, Verification, load_tasks, make_env
+from mpa_jax.envs import Action, ErrorCode, Feedback, SandboxEnv, Task, load_tasks, make_env
 from mpa_jax.envs.adb.emulator import EmulatedDevice
+from mpa_jax.envs.base import EnvFault
 from mpa_jax.envs.adb.server import AdbServer
 from mpa_jax.envs.mixture import MixtureSampler
 from mpa_jax.envs.pool import EnvPool, KindLimits, limits_from_config
 from mpa_jax.envs.simulated import run_gold, simulated_tasks
+from mpa_jax.rollout.runner import EpisodeConfig, EpisodeRunner
+from mpa_jax.rollout.testing import ScriptedEngine
 
 
 SAFETY_S = 5.0  # a gate that is never opened gives up after this (so a broken pool fails instead of hanging)
@@ -153,16 +156,25 @@ def test_inline_kind_runs_in_the_caller_while_pooled_kinds_run():
         gate.set()
 
 
-def test_env_exceptions_become_infra():
+@pytest.mark.parametrize("concurrency", [0, 1])
+def test_env_faults_become_infra_and_env_bugs_raise(concurrency):
+    """Issue 55: what an env reports as a world fault (`EnvFault`) is INFRA Feedback; any other exception is a
+    bug and reaches the caller (inline or from a worker thread)."""
     class Broken:
         kind = "sandbox"
 
-        def step(self, action):
-            raise RuntimeError("boom")
+        def __init__(self, exc):
+            self.exc = exc
 
-    with EnvPool({"sandbox": KindLimits(1, 30.0)}) as pool:
-        fb = pool.step_all([(Broken(), Action.finish())])[0]
-    assert fb.error_code == ErrorCode.INFRA and "boom" in fb.message
+        def step(self, action):
+            raise self.exc
+
+    with EnvPool({"sandbox": KindLimits(concurrency, 30.0)}) as pool:
+        fb = pool.step_all([(Broken(EnvFault("device lost")), Action.finish())])[0]
+        assert fb.error_code == ErrorCode.INFRA and "device lost" in fb.message
+        assert pool.summary()["sandbox"]["infra"] == 1
+        with pytest.raises(ZeroDivisionError):
+            pool.step_all([(Broken(ZeroDivisionError("a bug")), Action.finish())])
 
 
 def test_config_envs_section_reaches_make_env_and_the_pool():
@@ -213,109 +225,36 @@ def test_mixture_runs_all_three_kinds_with_per_kind_metrics():
         draws = MixtureSampler.from_config(c, {"sandbox": sb_tasks, "simulated": sim_tasks, "adb": sb_tasks}).sample(30)
         kinds = {k for k, _ in draws}
         assert kinds == {"sandbox", "simulated", "adb"}
-        with EnvPool(limits_from_config(c)) as pool:
-            out = run_round_robin(draws, lambda kind: make_env(kind, config=c), gold_policy, pool)
-    m = out["per_kind"]
-    assert set(m) == kinds
-    for kind in kinds:
-        assert m[kind]["episodes"] == sum(k == kind for k, _ in draws)
-        assert m[kind]["infra"] == 0 and m[kind]["success_rate"] == 1.0, (kind, m[kind])
-        assert m[kind]["steps"] > 0
-    assert all(v.success for v in out["verifications"])
+        tok = tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
+        engine = ScriptedEngine(tok, _gold_script(tok, sb_tasks + sim_tasks))
+        # the one runner: per-kind pool limits and live caps (one episode per device) from the config
+        with EpisodeRunner.from_config(c, harness=False) as runner:
+            trajs = runner.run(engine, tok, [t for _, t in draws], EpisodeConfig(max_turns=16, max_new_tokens=256, batch_size=8),
+                               kinds=[k for k, _ in draws])
+            pool = runner.pool.summary()
+    assert set(pool) == kinds and all(pool[k]["calls"] > 0 for k in kinds)
+    for (kind, task), traj in zip(draws, trajs):
+        assert traj.provenance["env"] == kind and traj.task_id == task.id
+        assert not traj.infra_failure and traj.finish_reason == "answer" and traj.verification.success, (kind, task.id, traj.finish_reason)
+        assert traj.costs["tool_calls"] == sum(g["kind"] == "tool_call" for g in task.gold)
 
 
-# ---- the gold round-robin driver of the mixture test (test code, not a library loop) ----
-Policy = Callable[[str, Task, int, Any], Action | None]  # (kind, task, turn, last feedback/observation) -> action
+def _gold_script(tok, tasks: Sequence[Task]) -> Callable[[list[int], int], str]:
+    """The model's turns for the runner: each task's gold actions, one per turn (the task is found by its
+    instruction in the prompt; the turn by the assistant turns after it)."""
 
+    def script(prompt: list[int], _i: int) -> str:
+        text = tok.decode(prompt)
+        task = next(t for t in tasks if t.instruction in text)
+        turn = text[text.rindex(task.instruction):].count("<|im_start|>assistant") - 1
+        g = task.gold[min(turn, len(task.gold) - 1)]
+        return tk.format_tool_call(g["name"], g["arguments"]) if g["kind"] == "tool_call" else g["text"]
 
-def run_round_robin(draws: Sequence[tuple[str, Task]], make_env: Callable[[str], Any], policy: Policy, pool: EnvPool,
-                    max_turns: int = 16, max_live: dict[str, int] | None = None) -> dict[str, Any]:
-    """Test driver (moved here from envs/mixture.py, issue 55: the library runs episodes through the one
-    `EpisodeRunner`): run every drawn episode; each round steps all live episodes concurrently through `pool`.
-
-    `max_live[kind]` caps the episodes of a kind in flight at once (a device holds one episode: adb
-    defaults to 1); the others wait and start as earlier ones end. An episode is verified as soon as it
-    ends (before its device is reused). Resets and verifications go through the pool too.
-    Returns {"verifications": [Verification per draw], "per_kind": {kind: metrics}, "wall_s": float}.
-    """
-    t0 = time.perf_counter()
-    cap = {"adb": 1, **(max_live or {})}
-    n = len(draws)
-    envs: list[Any] = [None] * n
-    last: list[Any] = [None] * n
-    turn = [0] * n
-    infra = [False] * n
-    verifications: list[Verification | None] = [None] * n
-    pending = collections.deque(range(n))
-    live: list[int] = []
-    in_flight: collections.Counter = collections.Counter()
-
-    def finish(ids: list[int]) -> None:
-        ver = pool.call_all([(envs[i], envs[i].verify, "") for i in ids])
-        for i, v in zip(ids, ver):
-            if infra[i] or not isinstance(v, Verification):
-                v = Verification(success=False, score=0.0, infra_error=True)
-            verifications[i] = v
-            try:
-                envs[i].close()
-            except Exception:  # noqa: BLE001 - closing a lost device must not lose the results
-                pass
-            pool.release(envs[i])
-            in_flight[draws[i][0]] -= 1
-
-    while pending or live:
-        starting, waiting = [], collections.deque()
-        while pending:
-            i = pending.popleft()
-            kind = draws[i][0]
-            if in_flight[kind] < cap.get(kind, n):
-                in_flight[kind] += 1
-                starting.append(i)
-            else:
-                waiting.append(i)
-        pending = waiting
-        for i in starting:
-            envs[i] = make_env(draws[i][0])
-        obs = pool.call_all([(envs[i], (lambda e=envs[i], t=draws[i][1]: e.reset(t)), "") for i in starting])
-        for i, o in zip(starting, obs):
-            last[i] = o
-            infra[i] = isinstance(o, Feedback)  # a failed reset answers INFRA Feedback
-        live += starting
-        actions = {i: None if infra[i] or turn[i] >= max_turns else policy(draws[i][0], draws[i][1], turn[i], last[i])
-                   for i in live}
-        done = [i for i in live if actions[i] is None]
-        stepping = [i for i in live if actions[i] is not None]
-        fbs = pool.step_all([(envs[i], actions[i]) for i in stepping])
-        live = []
-        for i, fb in zip(stepping, fbs):
-            last[i], turn[i] = fb, turn[i] + 1
-            if fb.is_infra:
-                infra[i] = True
-            if fb.is_infra or actions[i].kind in ("message", "finish"):
-                done.append(i)
-            else:
-                live.append(i)
-        if done:
-            finish(done)
-    per_kind: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for (kind, _), v, steps in zip(draws, verifications, turn):
-        m = per_kind[kind]
-        m["episodes"] += 1
-        m["steps"] += steps
-        m["infra"] += int(v.infra_error)
-        m["success"] += int(v.success)
-    pool_stats = pool.summary()
-    metrics = {}
-    for kind, m in sorted(per_kind.items()):
-        scored = m["episodes"] - m["infra"]
-        metrics[kind] = {"episodes": m["episodes"], "steps": m["steps"], "infra": m["infra"],
-                         "success_rate": m["success"] / scored if scored else 0.0,
-                         **{k: v for k, v in pool_stats.get(kind, {}).items() if k in ("timeouts", "mean_busy_ms", "mean_wait_ms")}}
-    return {"verifications": verifications, "per_kind": metrics, "wall_s": time.perf_counter() - t0}
+    return script
 
 
 def gold_policy(kind: str, task: Task, turn: int, last: Any) -> Action | None:
-    """Replays a task's gold actions in order (tests and benches); None after the last one."""
+    """Replays a task's gold actions in order (used to pick tasks whose gold passes); None after the last one."""
     if turn >= len(task.gold):
         return None
     g = task.gold[turn]

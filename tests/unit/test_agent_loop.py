@@ -9,9 +9,10 @@ import pytest
 
 from mpa_jax import tokenizer as tk
 from mpa_jax.envs import ErrorCode, Feedback, load_tasks, make_env
+from mpa_jax.envs.base import EnvFault
 from mpa_jax.envs.sandbox import SandboxEnv
 from mpa_jax.eval import eval_metrics
-from mpa_jax.harness.episode import PARSE_HINT
+from mpa_jax.envs.episode import PARSE_HINT
 from mpa_jax.rollout.runner import EpisodeConfig, run_episodes
 from mpa_jax.rollout.testing import ScriptedEngine
 from mpa_jax.rollout.types import EngineError
@@ -56,7 +57,8 @@ def test_gold_replay_succeeds_with_exact_token_bookkeeping(tok, tasks):
         assert traj.finish_reason == "answer" and not traj.infra_failure
         n_calls = sum(1 for g in task.gold if g["kind"] == "tool_call")
         assert [s.action.kind for s in traj.steps] == ["tool_call"] * n_calls + ["message"]
-        assert all(s.feedback is not None and s.feedback.ok for s in traj.steps)
+        assert all(s.feedback is not None and s.feedback.ok for s in traj.steps[:-1])
+        assert traj.steps[-1].feedback is None  # the final message has no Feedback (contract: Step)
         assert traj.costs["tool_calls"] == n_calls and traj.costs["turns"] == n_calls + 1
         assert len(traj.tokens) == len(traj.loss_mask) == len(traj.logprobs)
         # Masked tokens are exactly the sampled ones, with their behaviour log-probs.
@@ -152,8 +154,22 @@ class _FailingEnv(SandboxEnv):
 
 
 class _CrashingEnv(SandboxEnv):
+    """An env that reports a world fault by raising `EnvFault` (what a lost device does)."""
+
     def step(self, action):
-        raise RuntimeError("adb connection lost")
+        raise EnvFault("adb connection lost")
+
+
+class _BuggyEnv(SandboxEnv):
+    """An env with a programming error: not infra, the run must fail loudly with the episode named."""
+
+    def step(self, action):
+        return {}["missing"]
+
+
+class _BuggyVerifyEnv(SandboxEnv):
+    def verify(self):
+        return {}["missing"]
 
 
 class _BrokenEngine(ScriptedEngine):
@@ -174,6 +190,36 @@ def test_infra_failures_are_marked_not_scored(tok, tasks):
     assert "TIMEOUT" in timeout.provenance["infra_reason"] and "adb" in crash.provenance["infra_reason"]
     m = eval_metrics([timeout, crash, engine_down])
     assert m["infra_failures"] == 3 and m["overall"]["tasks"] == 0
+
+
+class _StreamingScripted(ScriptedEngine):
+    """The scripted engine with `submit` (a `StreamingEngine`), so that the continuous schedule runs it."""
+
+    vocab_limit = property(lambda self: self.tokenizer.vocab_size)
+    max_positions = 1 << 20
+
+    def submit(self, prompt_ids, params, seed=None, *, top_logprobs=0, on_update=None, updates=True):
+        import concurrent.futures as cf
+
+        fut: cf.Future = cf.Future()
+        fut.set_result(self.generate([prompt_ids], params, [seed])[0])
+        return fut
+
+
+@pytest.mark.parametrize("engine_cls,env_cls", [(ScriptedEngine, _BuggyEnv), (_StreamingScripted, _BuggyEnv),
+                                                (ScriptedEngine, _BuggyVerifyEnv)])
+def test_a_bug_in_an_env_fails_the_run_with_the_episode_named(tok, tasks, engine_cls, env_cls):
+    """Issue 55: a programming error is never infra (RL would drop it silently); it raises, with its traceback
+    and a note naming the episode's task, on either schedule (rounds; continuous with a streaming engine)."""
+    from mpa_jax.rollout.types import StreamingEngine
+
+    call = tk.format_tool_call("search_contacts", {"query": "a"})
+    engine = engine_cls(tok, [call])
+    assert isinstance(engine, StreamingEngine) == (engine_cls is _StreamingScripted)
+    with pytest.raises(KeyError, match="missing") as info:
+        run_episodes(engine, tok, tasks[1:2], env_cls, EpisodeConfig(max_turns=1, schedule="continuous"))
+    assert any(tasks[1].id in note for note in info.value.__notes__)
+    assert info.traceback[-1].name in ("step", "verify")  # the traceback ends in the env's own code
 
 
 def test_seeds_are_per_episode_and_turn(tok, tasks):

@@ -17,7 +17,7 @@ from mpa_jax.envs.contract import (
     CONVERSATION_VERSION, SCHEMA_VERSION, Action, ContractError, ErrorCode, Feedback, Task, ToolSpec, Trajectory, Verification,
 )
 from mpa_jax.envs.oracle import run_oracle_episode
-from mpa_jax.harness.episode import Episode, Reply
+from mpa_jax.envs.episode import Episode, Reply
 from mpa_jax.rollout.runner import EpisodeConfig, run_episodes
 from mpa_jax.rollout.testing import ScriptedEngine
 

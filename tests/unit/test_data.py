@@ -8,10 +8,11 @@ import threading
 import pytest
 
 from mpa_jax.config import load_config_file
-from mpa_jax.data import (Collector, CurationConfig, TeacherClient, all_keys, competence_from_trajectories, construct_tasks, curate,
+from mpa_jax.data import (Collector, CurationConfig, all_keys, competence_from_trajectories, construct_tasks, curate,
                           failure_clusters, generation_weights, is_recovery, key_of_task)
-from mpa_jax.data.collect import TeacherError
-from mpa_jax.envs import Action, ErrorCode, Feedback, Step, Trajectory, Verification, load_tasks
+from mpa_jax.envs.episode import run_chat_episode
+from mpa_jax.harness.planners import OpenAIChatPlanner
+from mpa_jax.envs import Action, ErrorCode, Feedback, Step, Trajectory, Verification, load_tasks, make_env
 from mpa_jax.envs.gate import check_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -174,17 +175,25 @@ def test_teacher_collection_over_loopback_http(collector):
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
     try:
-        client = TeacherClient(f"http://127.0.0.1:{srv.server_address[1]}", model="gold")
-        trajs = collector.teacher(simple, client)
+        client = OpenAIChatPlanner(f"http://127.0.0.1:{srv.server_address[1]}", model="gold")
+        trajs = collector.teacher(simple, client, max_turns=8)
+        # the teacher path is the OpenAI path: one client, one driver, the same episode rules
+        env = make_env("sandbox")
+        direct = [run_chat_episode(client, env, t, max_turns=8) for t in simple]
     finally:
         srv.shutdown()
     assert [t.verification.success for t in trajs] == [True] * len(simple)
     assert all(t.provenance["planner"] == "teacher:gold" and sum(t.loss_mask) > 0 for t in trajs)
+    for traj, ep in zip(trajs, direct):
+        assert traj.messages == ep.messages and [s.to_dict() for s in traj.steps] == [s.to_dict() for s in ep.steps]
+        assert traj.verification == ep.verification and ep.finish_reason == "answer"
+    # a call named by the endpoint keeps its id (the teacher's own loop named them call_{n})
+    assert [s.action.call_id for s in trajs[0].steps if s.action.kind == "tool_call"][0] == "c1"
     # an unreachable endpoint is an infra failure per episode, reported, never a crash or an example
     errors = []
-    dead = collector.teacher(simple[:1], TeacherClient(f"http://127.0.0.1:{srv.server_address[1]}", timeout_s=2),
-                             on_error=lambda t, e: errors.append(e))
-    assert dead[0].infra_failure and isinstance(errors[0], TeacherError)
+    dead = collector.teacher(simple[:1], OpenAIChatPlanner(f"http://127.0.0.1:{srv.server_address[1]}", timeout_s=2),
+                             max_turns=8, on_error=lambda t, e: errors.append(e))
+    assert dead[0].infra_failure and dead[0].finish_reason == "infra" and "planner endpoint" in str(errors[0])
     assert curate(dead).datasheet["drops"] == {"infra": 1}
 
 
@@ -211,7 +220,7 @@ def test_paraphrased_construction_is_gated():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Rewriter)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        para = paraphraser(TeacherClient(f"http://127.0.0.1:{srv.server_address[1]}"))
+        para = paraphraser(OpenAIChatPlanner(f"http://127.0.0.1:{srv.server_address[1]}"))
         tasks, stats = construct_tasks(3, None, round_index=5, paraphrase=para)
     finally:
         srv.shutdown()

@@ -18,7 +18,7 @@ import fastapi  # noqa: F401  (the serve extra; a missing install must fail, not
 from mpa_jax import tokenizer as tk
 from mpa_jax.envs import ErrorCode, load_tasks, make_env
 from mpa_jax.harness import HarnessConfig, HarnessSession
-from mpa_jax.harness.episode import run_episode
+from mpa_jax.envs.episode import run_chat_episode
 from mpa_jax.harness.planners import EnginePlanner, OpenAIChatPlanner, ScriptedPlanner
 from mpa_jax.rollout.server import ServerThread, create_app
 from mpa_jax.rollout.testing import ScriptedEngine
@@ -53,7 +53,7 @@ def test_openai_compatible_backend_against_mpa_serve_with_harness_on_and_off(tok
         for session in (None, HarnessSession(HarnessConfig(enabled=True, tools="catalog"))):
             for task in tasks:
                 env = session.env_factory() if session else make_env("sandbox")
-                traj = run_episode(planner, env, task, harness_version=session.version_label if session else "none")
+                traj = run_chat_episode(planner, env, task, max_turns=8).trajectory(session.version_label if session else "none")
                 assert traj.verification.success and traj.finish_reason == "answer", (task.id, traj.steps)
                 assert traj.costs["output_tokens"] > 0 and traj.costs["input_tokens"] > 0
     # Every request carried the tools (OpenAI `tools`) and the chat.
@@ -67,7 +67,7 @@ def test_openai_backend_parse_error_is_feedback_and_the_episode_goes_on(tok, tas
         tk.format_tool_call(s["name"], s["arguments"]) if s["kind"] == "tool_call" else s["text"] for s in g]
     engine = ScriptedEngine(tok, replies)
     with ServerThread(create_app(engine, tok)) as server:
-        traj = run_episode(OpenAIChatPlanner(server.url + "/v1"), make_env("sandbox"), task)
+        traj = run_chat_episode(OpenAIChatPlanner(server.url + "/v1"), make_env("sandbox"), task, max_turns=8).trajectory()
     first = traj.steps[0]
     assert first.feedback.error_code == ErrorCode.INVALID_ARGUMENTS and "could not be parsed" in first.feedback.message
     assert first.feedback.hint and traj.verification.success and not traj.infra_failure
@@ -106,7 +106,7 @@ def test_backend_failures_become_infra_feedback_not_crashes(tasks, mode, code, w
         planner = OpenAIChatPlanner(f"http://127.0.0.1:{srv.server_address[1]}/v1", timeout_s=0.5, retries=1)
         reply = planner.respond([{"role": "user", "content": "hi"}], None)
         assert reply.error is not None and reply.error.error_code == code and words in reply.error.message
-        traj = run_episode(planner, make_env("sandbox"), tasks[0])
+        traj = run_chat_episode(planner, make_env("sandbox"), tasks[0], max_turns=8).trajectory()
         assert traj.infra_failure and traj.finish_reason == "infra" and traj.verification.infra_error
     finally:
         srv.shutdown()
@@ -124,9 +124,9 @@ def test_backend_down_is_infra():
 def test_engine_backend_keeps_sampled_ids_and_engine_errors_are_infra(tok, tasks):
     task = tasks[0]
     engine = ScriptedEngine(tok, _gold_script(tok, tasks))
-    planner = EnginePlanner(engine, tok, max_new_tokens=256, params_cls=SamplingParams)
+    planner = EnginePlanner(engine, tok, max_new_tokens=256, params_cls=SamplingParams, engine_errors=(EngineError,))
     session = HarnessSession(HarnessConfig(enabled=True))
-    traj = run_episode(planner, session.env_factory(), task, harness_version=session.version_label)
+    traj = run_chat_episode(planner, session.env_factory(), task, max_turns=8).trajectory(session.version_label)
     assert traj.verification.success
     turns = traj.provenance["turns"]
     assert len(turns) == len(task.gold) and all(t["token_ids"] and len(t["token_ids"]) == len(t["logprobs"]) for t in turns)
@@ -138,14 +138,14 @@ def test_engine_backend_keeps_sampled_ids_and_engine_errors_are_infra(tok, tasks
         def generate(self, *a, **k):
             raise EngineError("server gone")
 
-    reply = EnginePlanner(Broken(), tok, params_cls=SamplingParams).respond([{"role": "user", "content": "x"}], None)
+    reply = EnginePlanner(Broken(), tok, params_cls=SamplingParams, engine_errors=(EngineError,)).respond([{"role": "user", "content": "x"}], None)
     assert reply.infra and "server gone" in reply.error.message
 
 
 def test_scripted_planner_drives_an_episode(tasks):
     task = tasks[0]
     texts = [tk.format_tool_call(s["name"], s["arguments"]) if s["kind"] == "tool_call" else s["text"] for s in task.gold]
-    traj = run_episode(ScriptedPlanner(texts), make_env("sandbox"), task)
+    traj = run_chat_episode(ScriptedPlanner(texts), make_env("sandbox"), task, max_turns=8).trajectory()
     assert traj.verification.success
 
 
@@ -158,6 +158,7 @@ def test_sglang_backend_is_the_engine_planner_over_the_sglang_client(tok, tasks)
     with ServerThread(create_app(engine, tok)) as server:
         client = SGLangEngine(server.url, timeout_s=30, max_retries=0)
         session = HarnessSession(HarnessConfig(enabled=True, tools="catalog"))
-        traj = run_episode(EnginePlanner(client, tok, params_cls=SamplingParams), session.env_factory(), tasks[1], harness_version=session.version_label)
+        traj = run_chat_episode(EnginePlanner(client, tok, params_cls=SamplingParams, engine_errors=(EngineError,)), session.env_factory(), tasks[1],
+                                max_turns=8).trajectory(session.version_label)
     assert traj.verification.success and traj.provenance["harness_version"] == "0.1.0"
     assert all(len(t["token_ids"]) == len(t["logprobs"]) > 0 for t in traj.provenance["turns"])

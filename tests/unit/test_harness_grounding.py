@@ -9,7 +9,7 @@ import os
 from mpa_jax.envs import Action, load_tasks, make_env
 from mpa_jax.harness import HarnessConfig, HarnessSession
 from mpa_jax.harness import evolution
-from mpa_jax.harness.episode import run_episode
+from mpa_jax.envs.episode import run_chat_episode
 from mpa_jax.harness.grounding import ground_arguments, ground_value, name_runs
 from mpa_jax.harness.planners import PlannerReply, ScriptedPlanner
 from mpa_jax.harness.store import HarnessStore
@@ -76,7 +76,7 @@ def _episode(task, invent: bool, extra_invented_search: bool = False):
     if extra_invented_search:
         replies.insert(0, PlannerReply(calls=[{"name": "search_contacts", "arguments": {"query": _invented(task)}}]))
     replies.append(PlannerReply(text="Done."))
-    return run_episode(ScriptedPlanner(replies), make_env("sandbox"), task)
+    return run_chat_episode(ScriptedPlanner(replies), make_env("sandbox"), task, max_turns=8).trajectory()
 
 
 def test_runtime_grounds_an_invented_name_in_the_real_sandbox(tmp_path):
