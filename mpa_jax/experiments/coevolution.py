@@ -13,8 +13,8 @@ evaluation stage only). They differ in one stage:
   (no released rule; the loop then evaluates harness off), so every round is RL + refresh + data alone.
 
 In this loop no training stage reads the released harness (RL, the refresh and the data stage roll out without
-it), so the two arms train the same weights given the same seeds; the record keeps each round's weight version and
-harness-off success so the table shows whether they did. A finished arm writes `<arm>.json` (per round: success
+it), so the two arms train the same weights given the same seeds; the record keeps a digest of each evaluated
+export so the table shows whether they did. A finished arm writes `<arm>.json` (per round: success
 overall / seen / held-out, output tokens, harness version, per-task outcomes) into `config.coevolution.results`
 (committed; an arm with a record is skipped).
 """
@@ -66,6 +66,22 @@ def _outcomes(eval_json: str, mode: str) -> dict[str, dict[str, Any]]:
     return task_outcomes(read_jsonl(path, Trajectory)) if os.path.exists(path) else {}
 
 
+def weights_digest(checkpoint: str | None) -> str:
+    """sha256 (16 hex) of a checkpoint directory's safetensors files ("" for none): whether two arms' stages
+    evaluated the same weights (the export directories' names are the same in both arms, so the engine's
+    weight_version cannot tell)."""
+    import hashlib
+
+    if not checkpoint or not os.path.isdir(checkpoint):
+        return ""
+    h = hashlib.sha256()
+    for f in sorted(os.listdir(checkpoint)):
+        if f.endswith(".safetensors"):
+            with open(os.path.join(checkpoint, f), "rb") as fh:
+                h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
 def arm_record(arm: str, summary: dict[str, Any], config: Any) -> dict[str, Any]:
     """One arm's record from its loop summary: per evaluated stage the headline figures and per-task outcomes."""
     from mpa_jax.experiments.prereg import _commit, summarise
@@ -74,8 +90,10 @@ def arm_record(arm: str, summary: dict[str, Any], config: Any) -> dict[str, Any]
     for st in summary["stages"]:
         tasks = _outcomes(st["eval_json"], st.get("harness_mode", "off"))
         off = _outcomes(st["eval_json"], "off") if st.get("harness_mode") == "on" else tasks
+        with open(st["eval_json"], encoding="utf-8") as f:
+            checkpoint = json.load(f).get("checkpoint")
         rounds.append({"stage": st["name"], "harness_version": st["harness_version"], "harness_mode": st.get("harness_mode", "off"),
-                       "weight_version": st["weight_version"], "summary": summarise(tasks) if tasks else None,
+                       "weights": weights_digest(checkpoint), "summary": summarise(tasks) if tasks else None,
                        "summary_harness_off": summarise(off) if off else None, "tasks": tasks})
     return {"arm": arm, "config": str(config.name), "commit": _commit(), "split": summary["split"], "eval_tasks": summary["heldout_tasks"],
             "rounds_configured": int(config.loop.rounds), "seed": int(config.seed), "starter": str(config.coevolution.starter),
@@ -145,7 +163,7 @@ def rows(records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"stage": s["stage"], "harness_version": s["harness_version"], "model_only": m["summary"]["success"],
                     "coevolution": s["summary"]["success"], "coevolution_harness_off": off["success"],
                     "difference": s["summary"]["success"] - m["summary"]["success"], "gained": gained, "lost": lost,
-                    "same_weights": s["weight_version"] == m["weight_version"] and off["successes"] == m["summary"]["successes"],
+                    "same_weights": bool(s["weights"]) and s["weights"] == m["weights"],
                     "held_out": (s["summary"]["success_held_out"], m["summary"]["success_held_out"]),
                     "tokens": (s["summary"]["output_tokens"], m["summary"]["output_tokens"])})
     return out
@@ -168,8 +186,8 @@ def table(records: dict[str, dict[str, Any]]) -> str:
                      f"{_pct(r['held_out'][0])} / {_pct(r['held_out'][1])} | {r['tokens'][0]:.1f} / {r['tokens'][1]:.1f} |")
     diffs = [r["difference"] for r in rs if r["stage"].startswith("round")]
     if diffs:
-        lines += ["", f"- mean difference over rounds: {100 * np.mean(diffs):+.1f} points; rounds where the weights matched "
-                      f"(same weight version and harness-off successes): {sum(r['same_weights'] for r in rs if r['stage'].startswith('round'))}"
+        lines += ["", f"- mean difference over rounds: {100 * np.mean(diffs):+.1f} points; rounds whose evaluated weights were the "
+                      f"same in both arms (sha256 of the export): {sum(r['same_weights'] for r in rs if r['stage'].startswith('round'))}"
                       f" of {len(diffs)}"]
     return "\n".join(lines)
 

@@ -32,11 +32,22 @@ RL_ALGOS = ("care", "vanilla")
 
 # ---------------------------------------------------------------------------------------------- records
 
+# The sections that define the experiment (the recipe, the model, what a rollout and an evaluation are, the refresh
+# start, the arms). The loop's, demo's, harness's and serving's settings are not part of it (harness off here).
+HASHED_SECTIONS = ("seed", "rl", "model", "context", "tasks", "envs", "eval", "rollout", "sft", "oracle", "tokenizer", "lift", "prereg")
+# Engine implementation settings: how the same rollouts are computed, not which (docs/perf.md)
+ENGINE_KEYS = ("schedule", "sharded", "replicas", "batch_size", "prefill_step", "prefill_row_base", "prefill_chunk", "prefix_cache",
+               "compilation_cache")
+
+
 def config_hash(config: Any) -> str:
-    """sha256 of the experiment's config (JSON) without `prereg.results`: records of one frozen config share it."""
-    cfg = copy.deepcopy(config)
-    cfg.prereg.results = ""
-    return hashlib.sha256(cfg.to_json_best_effort(sort_keys=True).encode()).hexdigest()[:16]
+    """sha256 (16 hex) of the experiment-defining sections of the config (`HASHED_SECTIONS`, without `prereg.results`
+    and the rollout engine's implementation keys): records of one frozen experiment share it."""
+    d = json.loads(config.to_json_best_effort(sort_keys=True))
+    kept = {k: d[k] for k in HASHED_SECTIONS if k in d}
+    kept["prereg"] = {k: v for k, v in kept.get("prereg", {}).items() if k != "results"}
+    kept["rollout"] = {k: v for k, v in kept.get("rollout", {}).items() if k not in ENGINE_KEYS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def results_dir(config: Any) -> str:
@@ -300,6 +311,9 @@ def verdicts(config: Any, records: dict[str, dict[str, Any]]) -> list[str]:
         start = _start_record(records, recs[0]["arm"])
         if start is None:
             out.append(f"{g}: RL vs its start pending (start {recs[0]['arm']['start']} not evaluated yet)")
+            continue
+        if _m(recs, "success_held_out") is None or start["summary"]["success_held_out"] is None:
+            out.append(f"{g}: no held-out-template task evaluated")
             continue
         held = 100 * (_m(recs, "success_held_out") - start["summary"]["success_held_out"])
         alls = 100 * (_m(recs, "success") - start["summary"]["success"])
