@@ -107,6 +107,10 @@ def _write_json(path: str, obj: Any) -> None:
 
 # ---------------------------------------------------------------------------------------------- running
 
+class ArmInterrupted(RuntimeError):
+    """An arm's RL run was stopped (SIGINT/SIGTERM) before its last step: it has no record and resumes next time."""
+
+
 def arm_config(config: Any, arm: dict[str, Any]) -> Any:
     """The RL config of one arm: `rl.algo`, the seed, `rl.beta` and `rl.failure_cost` change, nothing else (the
     vanilla arm keeps the lambda schedule: the matched-arms rule keeps a group by CARE's reward or vanilla's)."""
@@ -168,6 +172,9 @@ def run_arm(config: Any, arm: dict[str, Any], workdir: str, results: str, progre
         cfg = arm_config(config, arm)
         t0 = time.perf_counter()
         res = run_rl(cfg, run_dir, init=init, progress=progress)
+        if res.interrupted or int(res.steps) < int(cfg.rl.steps):  # stopped by a signal: no record, resume later
+            raise ArmInterrupted(f"prereg: {name}: {res.interrupted or f'stopped at step {res.steps}'}; run the same command "
+                                 "again to resume it")
         checkpoint = export_checkpoint(res.checkpoint_dir, os.path.join(run_dir, "hf"), dtype="float32", tokenizer_dir=init)
         metrics = [r for _, r in sorted({int(r["step"]): r for r in read_metrics(res.metrics_path)}.items())]
         rl = {"steps": int(res.steps), "wall_s_last_session": time.perf_counter() - t0, "resumed_from": res.resumed_from,
@@ -208,7 +215,11 @@ def run_arms(config: Any, workdir: str, *, results: str | None = None, only: Seq
             log(f"prereg: {name}: recorded, skipped ({record_path(results, name)})")
             continue
         log(f"prereg: {name}: running")
-        run_arm(config, dict(arm), os.path.abspath(workdir), results, progress=progress)
+        try:
+            run_arm(config, dict(arm), os.path.abspath(workdir), results, progress=progress)
+        except ArmInterrupted as e:
+            log(str(e))
+            break
         ran.append(name)
         write_table(config, results)
     return ran
