@@ -102,8 +102,11 @@ def arm_record(arm: str, summary: dict[str, Any], config: Any) -> dict[str, Any]
 
 
 def results_dir(config: Any) -> str:
+    """`config.coevolution.results`, relative to the repository root unless absolute."""
     from mpa_jax.start import repo_root
 
+    if "coevolution" not in config:
+        raise ValueError(f"config {config.get('name', '')!r} has no coevolution section: use configs/prereg_coevo.py")
     path = str(config.coevolution.results)
     return path if os.path.isabs(path) else os.path.join(repo_root(), path)
 
@@ -112,6 +115,8 @@ def run_arms(config: Any, workdir: str, *, results: str | None = None, only: Seq
              console: Any = None) -> list[str]:
     """Run (or continue) each arm without a record, model-only first; write its record; returns the arms run now."""
     results = results or results_dir(config)
+    if "coevolution" not in config:
+        raise ValueError(f"config {config.get('name', '')!r} has no coevolution section: use configs/prereg_coevo.py")
     bad = [a for a in only if a not in ARMS]
     if bad:
         raise ValueError(f"coevolution: unknown arm(s) {bad} ({', '.join(ARMS)})")

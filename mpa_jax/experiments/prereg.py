@@ -54,6 +54,8 @@ def results_dir(config: Any) -> str:
     """`config.prereg.results`, relative to the repository root unless absolute."""
     from mpa_jax.start import repo_root
 
+    if "prereg" not in config:
+        raise ValueError(f"config {config.get('name', '')!r} has no prereg section: use configs/prereg_rl.py")
     path = str(config.prereg.results)
     return path if os.path.isabs(path) else os.path.join(repo_root(), path)
 

@@ -103,6 +103,14 @@ def test_recorded_arms_are_skipped(frozen, tmp_path):
         prereg.run_arms(frozen, str(tmp_path / "work"), results=str(tmp_path), only=["nope"])
 
 
+def test_a_config_without_the_experiment_section_is_refused():
+    c = load_config_file(str(ROOT / "configs" / "micro.py"))
+    with pytest.raises(ValueError, match="no prereg section: use configs/prereg_rl.py"):
+        prereg.write_table(c)
+    with pytest.raises(ValueError, match="no coevolution section: use configs/prereg_coevo.py"):
+        coevolution.run_arms(c, "unused")
+
+
 # ------------------------------------------------------------------ real runs at micro size
 
 @pytest.fixture(scope="module")
