@@ -175,8 +175,8 @@ def run_arm(config: Any, arm: dict[str, Any], workdir: str, results: str, progre
         t0 = time.perf_counter()
         res = run_rl(cfg, run_dir, init=init, progress=progress)
         if res.interrupted or int(res.steps) < int(cfg.rl.steps):  # stopped by a signal: no record, resume later
-            raise ArmInterrupted(f"prereg: {name}: {res.interrupted or f'stopped at step {res.steps}'}; run the same command "
-                                 "again to resume it")
+            raise ArmInterrupted(f"prereg: {name}: " + (res.interrupted or f"stopped at step {res.steps}; run the same command "
+                                                        "again to resume it"))
         checkpoint = export_checkpoint(res.checkpoint_dir, os.path.join(run_dir, "hf"), dtype="float32", tokenizer_dir=init)
         metrics = [r for _, r in sorted({int(r["step"]): r for r in read_metrics(res.metrics_path)}.items())]
         rl = {"steps": int(res.steps), "wall_s_last_session": time.perf_counter() - t0, "resumed_from": res.resumed_from,
