@@ -1,17 +1,18 @@
-"""`mpa experiment care-vs-vanilla|rl-lift --config ... [--checkpoint PATH|starter] [--seeds N]`: named experiments
-(`mpa_jax.experiments.care_vs_vanilla`, `mpa_jax.experiments.rl_lift`).
+"""`mpa experiment care-vs-vanilla|rl-lift|prereg|coevolution --config ... [--checkpoint PATH|starter] [--seeds N]`:
+named experiments (`mpa_jax.experiments.care_vs_vanilla`, `rl_lift`, `prereg`: configs/prereg_rl.py, `coevolution`:
+configs/prereg_coevo.py).
 
 `--checkpoint` is the start as every command names one (an HF directory, a run directory or `starter`): the CLI
 fits the config to it (its shape, tokenizer, context format, positions) before the config is saved, and every arm
 starts from it with that config (each arm's directory carries its own resolved config and card). `--init` is the
-old spelling.
+old spelling. `prereg` and `coevolution` take their start from their frozen config.
 """
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-EXPERIMENTS = ("care-vs-vanilla", "rl-lift")
+EXPERIMENTS = ("care-vs-vanilla", "rl-lift", "prereg", "coevolution")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rl-lift: run and summarise every arm up to this step of the config.rl.steps schedule (default: all of it)")
     parser.add_argument("--seen", type=int, default=96, help="rl-lift: dev tasks of templates seen in training")
     parser.add_argument("--held-out", type=int, default=48, help="rl-lift: dev tasks of held-out templates")
+    parser.add_argument("--table", action="store_true", help="prereg / coevolution: only regenerate the table and plot from the records")
+    parser.add_argument("--arms", default="", help="prereg: comma-separated arms of config.prereg.arms (default: every unrecorded one)")
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
@@ -44,6 +47,16 @@ def run(args: argparse.Namespace, config: Any) -> int:
     recipe = {"command": getattr(args, "command_line", None), "config_file": getattr(args, "config_file", None),
               "start": start.path if start is not None else None}
     try:
+        if args.name in ("prereg", "coevolution"):
+            from mpa_jax.experiments import coevolution, prereg
+
+            mod = prereg if args.name == "prereg" else coevolution
+            if not args.table:
+                mod.run_arms(config, args.workdir, only=[a.strip() for a in args.arms.split(",") if a.strip()])
+            out = mod.write_table(config)
+            print(out["table"])
+            print(f"table {out['table_md']}   plot {out['png']}")
+            return 0
         if args.name == "rl-lift":
             from mpa_jax.experiments.rl_lift import rl_lift, table
 
