@@ -10,8 +10,7 @@ from typing import Any, Sequence
 import ml_collections
 
 
-class ConfigError(ValueError):
-    """A config file or override is wrong; the message names it."""
+from mpa_jax.errors import ConfigError  # noqa: F401  (re-exported: `from mpa_jax.config import ConfigError`)
 
 
 # The config every command uses when `--config` is not given (a name in `configs_dir()`).

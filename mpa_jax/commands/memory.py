@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
     from rich.console import Console
 
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
 
     console = Console(stderr=True)
     mem = config.get("memory", ml_collections.ConfigDict())

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
 
     host = args.host or str(config.serve.host)
     port = int(config.serve.port) if args.port is None else args.port
