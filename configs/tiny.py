@@ -216,7 +216,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.max_staleness = 1
     c.rl.checkpoint_every = 5  # RL steps
     c.rl.save_rollouts = True  # each step's rollouts to <workdir>/rollouts/step_N.jsonl (competence, failure mining)
-    c.rl.log_every = 1
 
     # AI for Data (mpa_jax/data): construction, curation, feedback. (issue 18)
     c.data = ml_collections.ConfigDict()

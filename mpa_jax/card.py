@@ -112,7 +112,7 @@ def make_card(config: Any, *, kind: str, stage: str, tokenizer: str | None, chat
         "tokenizer": tokenizer,
         "chat_template": chat_template,
         "context": ContextFormat.from_config(config).to_dict(),
-        "recipe": {"command": command, "config": str(config.get("name", "")), "config_file": config_file,
+        "recipe": {"command": command, "config": str(config.name), "config_file": config_file,
                    "start": start, "recipe_hash": recipe_hash(recipe_values(config))},
     }
 

@@ -19,7 +19,7 @@ import sys
 from typing import Any, Sequence
 
 from mpa_jax.errors import ConfigError, UserError  # noqa: F401  (UserError: the one class commands raise)
-from mpa_jax.config import DEFAULT_CONFIG, apply_override, load_config_file, resolve_config_path, save_config, split_overrides
+from mpa_jax.config import DEFAULT_CONFIG, load_config, resolve_config_path, save_config, split_overrides, validate
 
 # name -> (module, one-line help). Keep in step with docs/architecture.md.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -179,16 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.command_line = "mpa " + shlex.join([name, *argv[1:]])  # the recipe recorded in checkpoint cards
     try:
         args.config_file = os.path.abspath(resolve_config_path(args.config))
-        config = load_config_file(args.config_file)
-        for key, value in overrides:
-            apply_override(config, key, value)
+        config = load_config(args.config_file, overrides)
         if args.workdir is None:
-            args.workdir = os.path.join("runs", str(config.get("name", os.path.splitext(os.path.basename(args.config))[0])))
+            args.workdir = os.path.join("runs", str(config.name))
         if getattr(args, "takes_start", False):
             config = _fit_to_start(args, config, {key for key, _ in overrides}, name)
-        from mpa_jax.envs.context import ContextFormat
-
-        ContextFormat.from_config(config)  # a bad context format is one line here, not deep inside a stage
+            validate(config)  # the start may have changed the context format or positions
     except (ConfigError, ValueError) as e:
         print(f"mpa: error: {e}", file=sys.stderr)
         return 2

@@ -442,7 +442,7 @@ class Loop:
         datasheets = [st["done"][n]["datasheet"] for n in st["order"] if n.endswith("/data") and n in st["done"]]
         losses = {n: st["done"][n].get("losses", []) for n in st["order"] if n.endswith("sft") or n.endswith("refresh")}
         return {
-            "config": str(self.config.get("name", "")),
+            "config": str(self.config.name),
             "split": self.eval_split,
             "heldout_tasks": len(self.heldout),
             "stages": [{"name": name, "success": ev["success"], "partial_score": ev["partial_score"],

@@ -163,7 +163,7 @@ def test_agent_loop_over_http_equals_in_process(setup):
 
     tok = setup["tok"]
     tasks = load_tasks("dev")[:2]
-    cfg = EpisodeConfig(max_turns=2, max_new_tokens=8, temperature=1.0, seed=4, batch_size=2)
+    cfg = EpisodeConfig.defaults(max_turns=2, max_new_tokens=8, temperature=1.0, seed=4, batch_size=2)
     client = SGLangEngine(setup["server"].url)
     client.update_weights(setup["ckpt"], "a")  # whatever an earlier test left loaded
     over_http = run_episodes(client, tok, tasks, lambda: make_env("sandbox"), cfg)
