@@ -315,19 +315,11 @@ class Loop:
         base = {"mined": mined, "failures": len(failures), "clusters": clusters[:5],
                 "version": (prev or {}).get("version", "none"), "version_dir": (prev or {}).get("version_dir", ""), "changes": []}
         from mpa_jax.harness import evolution
-        from mpa_jax.harness.store import HarnessStore
 
         root = self.path("harness")
-        store = HarnessStore(evolution.store_path(root))
-        try:
-            proposals = evolution.mine(episodes)
-            policy = str(self.config.harness.review.policy)
-            added = evolution.submit(store, proposals, policy=policy)
-            version = evolution.release(store, root, episodes)
-        finally:
-            close = getattr(store, "close", None)
-            if close:
-                close()
+        policy = str(self.config.harness.review.policy)
+        evolved = evolution.evolve(root, episodes, policy)
+        proposals, added, version = evolved.proposals, evolved.added, evolved.version
         changes = [f"{p['kind']}: {p['cluster']}" for p in proposals if p["id"] in set(added)]
         current = evolution.current_version(root)
         if version is None and os.path.isdir(os.path.join(root, "versions", current)) \

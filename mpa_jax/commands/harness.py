@@ -166,6 +166,7 @@ def _store(root: str) -> Any:
 def _mine(args: argparse.Namespace, cfg: Any, root: str) -> int:
     from mpa_jax.errors import UserError
     from mpa_jax.harness import evolution as ev
+    from mpa_jax.harness.store import HarnessStoreError
 
     if not args.traces:
         raise UserError("harness mine needs --traces FILE...")
@@ -173,13 +174,11 @@ def _mine(args: argparse.Namespace, cfg: Any, root: str) -> int:
         trajs = ev.read_traces(args.traces)
     except ev.EvolutionError as e:
         raise UserError(str(e)) from None
-    proposals = ev.mine(trajs, min_count=args.min_count)
-    store = _store(root)
     try:
-        added = ev.submit(store, proposals, cfg.review_policy)
-        version = ev.release(store, root, trajs) if cfg.review_policy == "auto" else None
-    finally:
-        store.close()
+        evolved = ev.evolve(root, trajs, cfg.review_policy, min_count=args.min_count)
+    except HarnessStoreError as e:
+        raise UserError(str(e)) from None
+    proposals, added, version = evolved.proposals, evolved.added, evolved.version
     out = {"traces": len(trajs), "proposals": len(proposals), "new": added, "policy": cfg.review_policy, "version": version}
     if args.json:
         print(json.dumps(out, sort_keys=True))
@@ -188,7 +187,7 @@ def _mine(args: argparse.Namespace, cfg: Any, root: str) -> int:
         for p in proposals:
             print(f"  {p['id']:<18} {p['kind']:<18} {p['cluster']}  evidence {len(p['evidence'])}")
         if version:
-            print(f"auto-approved: harness version {version} written under {root}/versions/")
+            print(f"released: harness version {version} written under {root}/versions/ (approved proposals)")
     return 0
 
 
