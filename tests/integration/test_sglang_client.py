@@ -298,7 +298,9 @@ def test_engine_from_config_reads_the_rollout_keys():
     assert (e.mode, e.max_concurrency, e.max_retries, e.max_staleness, e.vocab_limit) == ("fleet", 5, 0, 1, 100)
     import ml_collections
 
-    as_text = ml_collections.ConfigDict({"rollout": {"sglang_url": "", "sglang_workers": "http://127.0.0.1:1, http://127.0.0.1:2"}})
+    d = load_config_file("configs/tiny.py").to_dict()  # every other key from configs/, the one source of defaults
+    d["rollout"].update(sglang_url="", sglang_workers="http://127.0.0.1:1, http://127.0.0.1:2")  # a string list too
+    as_text = ml_collections.ConfigDict(d)
     assert [w.url for w in engine_from_config(as_text).workers()] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     c.rollout.sglang_workers = ()
     with pytest.raises(ValueError, match="sglang_url .* or config.rollout.sglang_workers must be set"):
