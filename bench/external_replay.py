@@ -76,7 +76,7 @@ def replay(tok, kind: str, tasks, batch: int):
             return texts(task)[text.count("<|im_start|>assistant") - 1]
 
         # a gold turn can be long (a BFCL long_context tweet quotes ~4,000 characters): turns are never cut here
-        cfg = EpisodeConfig(max_turns=40, max_new_tokens=32_768, max_total_tokens=1_000_000, batch_size=batch)
+        cfg = EpisodeConfig.defaults(max_turns=40, max_new_tokens=32_768, max_total_tokens=1_000_000, batch_size=batch)
         for t, traj in zip(now, run_episodes(ScriptedEngine(tok, script), tok, now, lambda: make_env(kind), cfg)):
             out[t.id] = traj
         pending = later

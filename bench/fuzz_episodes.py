@@ -137,7 +137,7 @@ def run(outputs: int, faults: int, seed: int = 0, progress: bool = False) -> dic
     config.harness.tools = "catalog"
     tok = tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
     pool = load_tasks("dev")
-    cfg = EpisodeConfig(max_turns=6, max_new_tokens=96, max_total_tokens=8192, batch_size=32, seed=seed, max_output_errors=0)
+    cfg = EpisodeConfig.defaults(max_turns=6, max_new_tokens=96, max_total_tokens=8192, batch_size=32, seed=seed, max_output_errors=0)
     engine = FuzzEngine(tok, seed, outputs, faults)
     stats: collections.Counter = collections.Counter()
     infra: collections.Counter = collections.Counter()

@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.eval_seen = 0
     c.loop.eval_held_out = 0
     c.loop.rounds = 2
-    c.demo.starter = ""  # from scratch: the shipped starter has another shape (and takes minutes)
+    c.loop.starter = ""  # from scratch: the shipped starter has another shape (and takes minutes)
     c.loop.rl_steps = 1
     c.rl.group_size = 2
     c.rl.tasks_per_step = 2

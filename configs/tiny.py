@@ -148,17 +148,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.context.format = "json"
     c.context.reasoning = "full"
 
-    # The demo (`make demo`): starts from the shipped starter planner (configs/starter.py, `mpa starter`);
-    # "" trains from scratch instead. Evaluation: loop.eval_split tasks of seen and of held-out templates, greedy.
-    c.demo = ml_collections.ConfigDict()
-    c.demo.starter = "starter"
-    c.demo.eval_seen = 32
-    c.demo.eval_held_out = 16
-    c.demo.refresh_tasks = 800  # train-split oracle episodes of the SFT refresh (stratified)
-    c.demo.refresh_steps = 60
-    c.demo.refresh_lr = 5e-5  # fresh AdamW moments: 3e-4 for 40 steps cost the starter 29% -> 17% (docs/learning.md)
-    c.demo.refresh_warmup = 10
-    c.demo.refresh_batch_size = 8
     # Scale settings (issue 17): scanned layers, accelerator attention, MoE aux loss in the SFT loss.
     c.model.scan_layers = False  # stacked layer params + one lax.scan (compile time independent of depth)
     c.model.attention_impl = "xla"  # xla | cudnn (GPU fused attention) | splash (TPU Pallas kernel)
@@ -227,7 +216,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.rl.max_staleness = 1
     c.rl.checkpoint_every = 5  # RL steps
     c.rl.save_rollouts = True  # each step's rollouts to <workdir>/rollouts/step_N.jsonl (competence, failure mining)
-    c.rl.log_every = 1
     # `mpa experiment rl-lift` (mpa_jax/experiments/rl_lift.py): refresh_steps > 0 first SFTs the start on oracle
     # demonstrations of every train template in refresh_worlds persona worlds of no split (0 = RL from the start itself)
     c.lift = ml_collections.ConfigDict()
@@ -264,6 +252,9 @@ def get_config() -> ml_collections.ConfigDict:
     # The closed loop (mpa loop). (issue 18)
     c.loop = ml_collections.ConfigDict()
     c.loop.rounds = 2
+    # the start (`make demo`): the shipped starter planner (configs/starter.py, `mpa starter`) when built;
+    # "" trains from scratch. `mpa loop --checkpoint PATH` names any other start.
+    c.loop.starter = "starter"
     c.loop.refresh_steps = 40  # SFT steps per round on the curated data so far (0 = none); also the cold start's from a starter
     c.loop.refresh_lr = 1e-4  # fresh AdamW moments on a converged starter (it ended at 2e-4)
     c.loop.rl_steps = 2  # CARE RL steps per round (config.rl.* for the rest); 0 = no RL

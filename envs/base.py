@@ -81,10 +81,9 @@ def _factory(kind: str) -> Callable[..., Any]:
 
 def env_kwargs(config: Any, kind: str) -> dict[str, Any]:
     """`config.envs.<kind>` as env kwargs (pool keys dropped); {} when the config has no such section."""
-    envs = getattr(config, "envs", None) if config is not None else None
-    section = envs.get(kind) if envs is not None and hasattr(envs, "get") else None
-    if section is None:
+    if config is None or "envs" not in config or kind not in config.envs:
         return {}
+    section = config.envs[kind]
     d = section.to_dict() if hasattr(section, "to_dict") else dict(section)
     return {k: v for k, v in d.items() if k not in POOL_KEYS}
 

@@ -17,7 +17,8 @@ from typing import Any, Mapping
 HARNESS_VERSION = "0.1.0"  # the built-in harness; approved evolution steps write versions above it
 DEFAULT_MAX_RESULT_CHARS = 16_000  # ~4,000 tokens: a provider's answer beyond it is cut (harness/results.py)
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what the OpenAI tools format (and so every planner) accepts
-_ENTRY_OPTIONS = ("name", "prefix", "rename", "allow")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENTRY_OPTIONS = ("name", "prefix", "rename", "allow", "env")
 
 
 class HarnessConfigError(ValueError):
@@ -32,7 +33,8 @@ class MCPServerSpec:
     (it wins over the prefix for that tool). Calls arrive under the shown name and reach the server under
     its own. `allow` (None = the session's `mcp_allow`) lists the tools the planner may call, by either
     name. `log` is the file the server's stderr is appended to ("" = kept only for error messages);
-    `max_result_chars` caps each answer (0 = no cap).
+    `max_result_chars` caps each answer (0 = no cap). `env` names the environment variables the server may
+    read from ours beyond `harness.mcp.BASE_ENV` (its process gets no others; docs/harness.md).
     """
 
     command: list[str]
@@ -42,9 +44,13 @@ class MCPServerSpec:
     allow: set[str] | None = None
     log: str = ""
     max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
+    env: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"config.harness.mcp entry {' '.join(self.command)!r}"
+        bad = [n for n in self.env if not ENV_NAME.match(str(n))]
+        if bad:
+            raise HarnessConfigError(f"{where}: env {bad[0]!r} is not an environment variable name")
         if not self.command or not all(isinstance(w, str) and w for w in self.command):
             raise HarnessConfigError(f"config.harness.mcp: an entry needs a command (non-empty strings), got {self.command!r}")
         if self.prefix and not TOOL_NAME.match(self.prefix):
@@ -85,6 +91,8 @@ def parse_mcp_entry(entry: Any, log: str = "", max_result_chars: int = DEFAULT_M
     unknown = sorted(set(entry) - {"command", *_ENTRY_OPTIONS})
     if unknown:
         raise HarnessConfigError(f"config.harness.mcp: unknown entry key {unknown[0]!r} (keys: command, {', '.join(_ENTRY_OPTIONS)})")
+    if "*" in str(entry.get("env") or ""):
+        raise HarnessConfigError("config.harness.mcp: env names variables one by one (a server never gets our whole environment)")
     command = entry.get("command")
     if isinstance(command, str):
         try:
@@ -93,6 +101,7 @@ def parse_mcp_entry(entry: Any, log: str = "", max_result_chars: int = DEFAULT_M
             raise HarnessConfigError(f"config.harness.mcp: cannot split {command!r}: {e}") from None
     return MCPServerSpec(command=list(command or []), name=str(entry.get("name") or ""), prefix=str(entry.get("prefix") or ""),
                          rename=_rename(entry.get("rename")), allow=_names(entry.get("allow")), log=log,
+                         env=tuple(sorted(_names(entry.get("env")) or ())),
                          max_result_chars=max_result_chars)
 
 

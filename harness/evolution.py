@@ -381,7 +381,28 @@ def read_version(path: str) -> HarnessVersion:
 
 
 def store_path(root: str) -> str:
+    """The proposal store (SQLite) of a harness root."""
     return os.path.join(root, "store.sqlite")
 
 
-__all__ = ["EvolutionError", "HarnessStoreError", "mine", "mine_grounding", "submit", "release", "withdraw", "read_version", "read_traces", "current_version"]
+@dataclasses.dataclass(frozen=True)
+class Evolved:
+    """What one `evolve` did: the proposals mined, the ids newly queued, the version released (or None)."""
+
+    proposals: list[dict[str, Any]]
+    added: list[str]
+    version: str | None
+
+
+def evolve(root: str, trajectories: list[Trajectory], policy: str, min_count: int = 2) -> Evolved:
+    """The harness release, one service for `mpa loop` and `mpa harness mine`: mine `trajectories` into
+    proposals, queue the new ones (approved at once under `policy` "auto"), and release a version from the
+    approved, unreleased proposals. The store under `root` is opened and closed here."""
+    proposals = mine(trajectories, min_count=min_count)
+    with HarnessStore(store_path(root)) as store:
+        added = submit(store, proposals, policy=policy)
+        version = release(store, root, trajectories)
+    return Evolved(proposals, added, version)
+
+
+__all__ = ["EvolutionError", "Evolved", "HarnessStoreError", "evolve", "mine", "mine_grounding", "submit", "release", "withdraw", "read_version", "read_traces", "current_version"]

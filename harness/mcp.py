@@ -38,7 +38,15 @@ from typing import Any, AsyncIterator, Sequence
 
 from mpa_jax.envs.contract import ErrorCode, Feedback, ToolSpec
 from mpa_jax.harness.config import DEFAULT_MAX_RESULT_CHARS, MCPServerSpec, TOOL_NAME
+from mpa_jax.harness.results import cap_result
 
+# The variables every server gets from our environment (what a program needs to run: the MCP SDK's own
+# default set, plus locale, time zone and temp dir); any other must be named by the server's entry (`env=`).
+BASE_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR")
+# A JSON-RPC line from a server may be at most this many times the answer cap (`harness.max_result_chars`; an
+# answer carries its text and structured copy, JSON-escaped) and at least WIRE_MIN_CHARS; with no cap,
+# WIRE_MAX_CHARS. A server that sends more is stopped before its line fills our memory.
+WIRE_FACTOR, WIRE_MIN_CHARS, WIRE_MAX_CHARS = 64, 1 << 20, 64 << 20
 STDERR_TAIL_LINES = 5  # the last stderr lines an error message quotes (the log file has them all)
 _GRACE_S = 2.0  # after stdin closes, the server may exit by itself this long before it is killed
 _LAUNCHERS = {"node", "deno", "bun", "bunx", "npx", "uvx", "pipx", "uv", "pnpm", "yarn"}
@@ -59,6 +67,18 @@ def resolve_executable(command: Sequence[str]) -> list[str]:
         if local:
             argv[0] = local
     return argv
+
+
+def server_environment(granted: Sequence[str] = (), extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A server's whole environment: BASE_ENV and the `granted` names, copied from ours where set (shell
+    functions, values starting with "()", are left out), then `extra` (values given in code)."""
+    env = {k: v for k in (*BASE_ENV, *granted) if (v := os.environ.get(k)) is not None and not v.startswith("()")}
+    return {**env, **(extra or {})}
+
+
+def wire_limit(max_result_chars: int) -> int:
+    """The longest JSON-RPC line a server may send (characters), from the answer cap (see WIRE_FACTOR)."""
+    return WIRE_MAX_CHARS if max_result_chars <= 0 else max(WIRE_MIN_CHARS, WIRE_FACTOR * max_result_chars)
 
 
 def server_name(command: Sequence[str]) -> str:
@@ -211,7 +231,9 @@ class MCPServerTools:
         self.name = name or spec.name or server_name(self.command)
         self.source = f"mcp:{self.name}"
         self.env = env
-        self.max_result_chars = int(spec.max_result_chars)  # read by harness.runtime._call_provider
+        self.max_result_chars = int(spec.max_result_chars)  # enforced in `call` (harness.runtime reads it too)
+        self.wire_limit = wire_limit(self.max_result_chars)
+        self._overflow = 0  # the length of a line past wire_limit that stopped the server (0: none)
         self.restarts = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp-{self.name}", daemon=True)
@@ -232,9 +254,7 @@ class MCPServerTools:
 
     # ---------------------------------------------------------------- transport
     def _environment(self) -> dict[str, str]:
-        from mcp.client.stdio import get_default_environment
-
-        return {**get_default_environment(), **(self.env or {})}
+        return server_environment(self.spec.env, self.env)
 
     @contextlib.asynccontextmanager
     async def _stdio_transport(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -260,6 +280,12 @@ class MCPServerTools:
                 async with read_writer:
                     async for chunk in TextReceiveStream(proc.stdout, encoding="utf-8", errors="replace"):
                         *lines, buf = (buf + chunk).split("\n")
+                        longest = max([len(buf), *map(len, lines)])
+                        if longest > self.wire_limit:  # stop it now: the rest of the line never reaches memory
+                            self._overflow = longest
+                            with contextlib.suppress(OSError):
+                                os.killpg(proc.pid, signal.SIGKILL)
+                            return
                         for line in lines:
                             if not line.strip():
                                 continue
@@ -380,6 +406,7 @@ class MCPServerTools:
     def _start(self) -> None:
         what = f"MCP server {self.name} ({' '.join(self.command)!r})"
         self._proc = self._stderr = None
+        self._overflow = 0
         try:
             tools = self._open()
         except TimeoutError:
@@ -489,11 +516,11 @@ class MCPServerTools:
         if res.is_error:
             message = text or "the tool reported an error without a message"
             code = tool_error_code(message)
-            return Feedback.error(code, message, call_id, _HINTS.get(code, ""))
+            return cap_result(Feedback.error(code, message, call_id, _HINTS.get(code, "")), self.max_result_chars)
         result = res.structured_content if res.structured_content is not None else text
         if isinstance(result, dict) and set(result) == {"result"}:
             result = result["result"]
-        return Feedback(call_id=call_id, status="ok", result=result)
+        return cap_result(Feedback(call_id=call_id, status="ok", result=result), self.max_result_chars)
 
     def _transport_failure(self, e: BaseException, call_id: str) -> Feedback:
         """INFRA Feedback for a server that died or broke the protocol mid-call; it is started again."""
@@ -502,6 +529,9 @@ class MCPServerTools:
         code = self._exit_code()
         what = f"exited with code {code} during the call" if code is not None and code >= 0 else \
             f"failed during the call ({type(leaf).__name__}: {leaf})"
+        if self._overflow:
+            what = (f"sent a message of over {self._overflow:,} characters, past the limit of {self.wire_limit:,}"
+                    f" ({WIRE_FACTOR} x harness.max_result_chars), and was stopped")
         message = f"MCP server {self.name} {what}{self._printed()}"
         try:
             self.restart()

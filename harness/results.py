@@ -34,7 +34,7 @@ def cut_marker(shown: int, total: int) -> str:
 def cap_result(fb: Feedback, max_chars: int) -> Feedback:
     """`fb` with its result (and, for an error, its message) cut to `max_chars` characters; `max_chars`
     <= 0 leaves it whole. A cut result becomes a string: its text up to the cap plus `cut_marker`."""
-    if max_chars <= 0:
+    if max_chars <= 0 or "result_chars" in fb.cost:  # no cap, or cut already (by the provider itself)
         return fb
     changes: dict[str, Any] = {}
     text = result_text(fb.result)

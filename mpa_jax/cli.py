@@ -18,7 +18,8 @@ import shlex
 import sys
 from typing import Any, Sequence
 
-from mpa_jax.config import DEFAULT_CONFIG, ConfigError, apply_override, load_config_file, resolve_config_path, save_config, split_overrides
+from mpa_jax.errors import ConfigError, UserError  # noqa: F401  (UserError: the one class commands raise)
+from mpa_jax.config import DEFAULT_CONFIG, load_config, resolve_config_path, save_config, split_overrides, validate
 
 # name -> (module, one-line help). Keep in step with docs/architecture.md.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -33,7 +34,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rl": ("mpa_jax.commands.rl", "online RL (CARE or vanilla group-relative) over the sandbox tasks"),
     "experiment": ("mpa_jax.commands.experiment", "named experiments (care-vs-vanilla, rl-lift)"),
     "starter": ("mpa_jax.commands.starter", "build the starter planner (configs/starter.py) with its datasheet"),
-    "demo": ("mpa_jax.commands.demo", "the end-to-end path on the embedded default"),
     "eval": ("mpa_jax.commands.eval", "evaluate a checkpoint on the held-out benchmark -> eval.json"),
     "loop": ("mpa_jax.commands.loop", "the closed loop: data, SFT, RL rounds, eval, harness -> summary.json, report.html"),
     "harness": ("mpa_jax.commands.harness", "the harness: tools registry, tool calls, trace mining, review, eval"),
@@ -42,8 +42,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class UserError(Exception):
-    """Raised by a command for bad user input; the CLI prints its one-line message and exits 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,6 +71,26 @@ def apply_env_arguments(args: argparse.Namespace, config: Any) -> str:
     if kind == "adb" and not str(config.envs.adb.device):
         raise UserError("--env adb needs --device SERIAL (or config.envs.adb.device)")
     return kind
+
+
+def add_distributed_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--distributed` (what it does: `what`) with `--coordinator/--num-processes/--process-id` (sft, export)."""
+    parser.add_argument("--distributed", action="store_true", help=f"multi-host: {what}")
+    parser.add_argument("--coordinator", default=None, help="host:port of process 0 (with --distributed)")
+    parser.add_argument("--num-processes", type=int, default=None, help="number of processes (with --distributed)")
+    parser.add_argument("--process-id", type=int, default=None, help="this process' index (with --distributed)")
+
+
+def init_distributed(args: argparse.Namespace) -> None:
+    """`jax.distributed.initialize` from the flags of `add_distributed_arguments` (None lets jax auto-detect
+    the cluster); nothing without `--distributed`."""
+    if not args.distributed:
+        return
+    import jax
+
+    # CPU collectives across processes (only used when the platform is CPU; must precede initialize)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
 
 
 START_HELP = ("the checkpoint to start from: a Hugging Face directory, an orbax run directory (an `mpa sft` / `mpa rl`"
@@ -161,16 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.command_line = "mpa " + shlex.join([name, *argv[1:]])  # the recipe recorded in checkpoint cards
     try:
         args.config_file = os.path.abspath(resolve_config_path(args.config))
-        config = load_config_file(args.config_file)
-        for key, value in overrides:
-            apply_override(config, key, value)
+        config = load_config(args.config_file, overrides)
         if args.workdir is None:
-            args.workdir = os.path.join("runs", str(config.get("name", os.path.splitext(os.path.basename(args.config))[0])))
+            args.workdir = os.path.join("runs", str(config.name))
         if getattr(args, "takes_start", False):
             config = _fit_to_start(args, config, {key for key, _ in overrides}, name)
-        from mpa_jax.envs.context import ContextFormat
-
-        ContextFormat.from_config(config)  # a bad context format is one line here, not deep inside a stage
+            validate(config)  # the start may have changed the context format or positions
     except (ConfigError, ValueError) as e:
         print(f"mpa: error: {e}", file=sys.stderr)
         return 2
@@ -192,7 +206,4 @@ def entry() -> None:
 
 
 if __name__ == "__main__":
-    # Run through the imported module, so that commands' `mpa_jax.cli.UserError` is the class caught here.
-    from mpa_jax import cli as _cli
-
-    sys.exit(_cli.main())
+    sys.exit(main())

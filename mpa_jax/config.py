@@ -10,8 +10,7 @@ from typing import Any, Sequence
 import ml_collections
 
 
-class ConfigError(ValueError):
-    """A config file or override is wrong; the message names it."""
+from mpa_jax.errors import ConfigError  # noqa: F401  (re-exported: `from mpa_jax.config import ConfigError`)
 
 
 # The config every command uses when `--config` is not given (a name in `configs_dir()`).
@@ -66,6 +65,44 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"get_config() in {path} must return an ml_collections.ConfigDict")
     return config
+
+
+def load_config(path: str, overrides: Sequence[tuple[str, str]] = ()) -> ml_collections.ConfigDict:
+    """The config of a run: `load_config_file(path)`, the `--config.a.b=v` overrides applied in order, then
+    `validate`d, so a bad value is one error here, before any stage starts."""
+    config = load_config_file(path)
+    for key, value in overrides:
+        apply_override(config, key, value)
+    validate(config)
+    return config
+
+
+# The values a knob may take, checked once when a config is loaded (not again by each stage that reads it).
+CHOICES = {"serve.batcher": ("auto", "slots", "call"), "rollout.prefill_row_base": (2, 4)}
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Check the rules one config value cannot break on its own reading: a `name`, `CHOICES`, powers of two
+    and the context format. Raises ConfigError naming the key."""
+    if not str(config.get("name") or "").strip():
+        raise ConfigError("the config has no `name` (set c.name; the run directory defaults to runs/<name>)")
+    for key, allowed in CHOICES.items():
+        section, leaf = key.split(".")
+        if section in config and config[section][leaf] not in allowed:
+            raise ConfigError(f"config.{key} must be one of {', '.join(map(str, allowed))}, got {config[section][leaf]!r}")
+    if "rollout" in config:
+        step = int(config.rollout.prefill_step)
+        if step < 1 or step & (step - 1):
+            raise ConfigError(f"config.rollout.prefill_step must be a power of two, got {step}")
+    if "memory" in config and not 0.0 <= float(config.memory.paraphrase) <= 1.0:
+        raise ConfigError(f"config.memory.paraphrase must be in [0, 1], got {config.memory.paraphrase}")
+    if "context" in config:
+        from mpa_jax.envs.context import ContextFormat
+
+        try:
+            ContextFormat.from_config(config)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
 
 def _parse_value(key: str, text: str, current: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Writing files so that a reader never sees half of one: the one atomic write (text, JSON, JSONL).
+"""Writing files so that a reader never sees half of one: the one atomic write (text, JSON, JSONL, or a
+stream through `atomic_open`).
 
 A temporary file beside the target (unique per writer), flushed and fsynced, then `os.replace`: after a
 crash the path holds the old file or the new one, never a torn one. No jax: `envs/`, `harness/` and every
@@ -6,20 +7,25 @@ crash the path holds the old file or the new one, never a torn one. No jax: `env
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from typing import Any, Iterable
+from typing import IO, Any, Iterable, Iterator
 
 
-def write_text(path: str, text: str) -> str:
-    """Write `text` to `path` atomically (creates the parent directory); returns `path`."""
+@contextlib.contextmanager
+def atomic_open(path: str, mode: str = "w") -> Iterator[IO[Any]]:
+    """A file to stream into (`mode` "w" text, "wb" bytes) that becomes `path` only when the block ends without
+    an error (fsynced, then `os.replace`); on an error the temporary file is removed and `path` is untouched."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open: mode must be 'w' or 'wb', got {mode!r}")
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=parent, prefix=".tmp-", suffix="-" + os.path.basename(path))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -27,6 +33,12 @@ def write_text(path: str, text: str) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_text(path: str, text: str) -> str:
+    """Write `text` to `path` atomically (creates the parent directory); returns `path`."""
+    with atomic_open(path) as f:
+        f.write(text)
     return path
 
 

@@ -29,14 +29,10 @@ import shutil
 import time
 from typing import Any, Callable
 
+from mpa_jax import files
+from mpa_jax.files import atomic_open, write_json
+
 STATE_FILE = "loop_state.json"
-
-
-def _write_json(path: str, obj: Any) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
 
 
 class LoopState:
@@ -61,7 +57,7 @@ class LoopState:
             self.data["order"].append(name)
         if skipped:
             self.data["skipped"][name] = skipped
-        _write_json(self.path, self.data)
+        write_json(self.path, self.data)
 
 
 class Loop:
@@ -147,7 +143,7 @@ class Loop:
         round's RL rollouts (`rl_rollouts`: their directory; groups of samples on fresh tasks)."""
         from mpa_jax.data import (Collector, CurationConfig, all_keys, competence_from_trajectories, construct_tasks,
                                   curate, generation_weights)
-        from mpa_jax.envs import Trajectory, read_jsonl, write_jsonl
+        from mpa_jax.envs import Trajectory, read_jsonl
 
         cfg, d = self.config, self.config.data
         out_dir = self.path("data", f"r{round_index}")
@@ -180,8 +176,7 @@ class Loop:
         # the constructed tasks (fresh instances, weighted by competence) are also the next RL stage's tasks
         os.makedirs(out_dir, exist_ok=True)
         tasks_path = os.path.join(out_dir, "tasks.jsonl")
-        write_jsonl(tasks_path + ".tmp", tasks)
-        os.replace(tasks_path + ".tmp", tasks_path)
+        files.write_jsonl(tasks_path, tasks)  # atomic: the next RL stage reads it
         if round_index == 0 and int(cfg.oracle.max_tasks) != 0:
             from mpa_jax.envs import load_tasks
 
@@ -195,7 +190,7 @@ class Loop:
             trajs += collector.teacher(tasks[: int(d.teacher_tasks)], teacher, max_turns=int(cfg.rollout.max_turns))
         result = curate(trajs, CurationConfig.from_config(d, max_tokens=min(int(d.max_tokens), int(cfg.sft.seq_len)), target=weights))
         sheet_path = result.write(os.path.join(out_dir, "sft.jsonl"), name=f"round {round_index}")
-        _write_json(os.path.join(out_dir, "construction.json"), {"weights": weights, "competence": competence, **stats.to_dict()})
+        write_json(os.path.join(out_dir, "construction.json"), {"weights": weights, "competence": competence, **stats.to_dict()})
         sheet = result.datasheet
         self.console.print(f"data r{round_index}: {sheet['examples']} examples ({sheet['recovery_traces']} recovery traces), "
                            f"{sheet['failures']} failures kept for harness mining; sources {sheet['sources']}; "
@@ -313,24 +308,16 @@ class Loop:
                     and not t.verification.success]
         clusters = failure_clusters(failures)
         mined = self.path("harness", f"r{round_index}", "failure_clusters.json")
-        _write_json(mined, {"failures": len(failures), "clusters": clusters})
+        write_json(mined, {"failures": len(failures), "clusters": clusters})
         prev = self.state.result(f"r{round_index - 1}/harness") if round_index > 1 else None
         base = {"mined": mined, "failures": len(failures), "clusters": clusters[:5],
                 "version": (prev or {}).get("version", "none"), "version_dir": (prev or {}).get("version_dir", ""), "changes": []}
         from mpa_jax.harness import evolution
-        from mpa_jax.harness.store import HarnessStore
 
         root = self.path("harness")
-        store = HarnessStore(evolution.store_path(root))
-        try:
-            proposals = evolution.mine(episodes)
-            policy = str(self.config.harness.review.policy)
-            added = evolution.submit(store, proposals, policy=policy)
-            version = evolution.release(store, root, episodes)
-        finally:
-            close = getattr(store, "close", None)
-            if close:
-                close()
+        policy = str(self.config.harness.review.policy)
+        evolved = evolution.evolve(root, episodes, policy)
+        proposals, added, version = evolved.proposals, evolved.added, evolved.version
         changes = [f"{p['kind']}: {p['cluster']}" for p in proposals if p["id"] in set(added)]
         current = evolution.current_version(root)
         if version is None and os.path.isdir(os.path.join(root, "versions", current)) \
@@ -417,19 +404,17 @@ class Loop:
         from mpa_jax.report import write_report
 
         summary["report"] = write_report(self.workdir, summary)
-        _write_json(self.path("summary.json"), summary)
+        write_json(self.path("summary.json"), summary)
         return summary
 
     def mix_data(self, round_index: int, paths: list[str]) -> str:
         """The refresh data of a round: every curated dataset so far (the newest round's cells are
         weighted by competence; replaying the earlier ones keeps what was learned)."""
         out = self.path(f"r{round_index}", "refresh_data.jsonl")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with open(out + ".tmp", "w", encoding="utf-8") as f:
+        with atomic_open(out) as f:
             for p in paths:
                 with open(p, encoding="utf-8") as src:
                     shutil.copyfileobj(src, f)
-        os.replace(out + ".tmp", out)
         return out
 
     def export(self, current: str) -> dict[str, Any]:
@@ -445,7 +430,7 @@ class Loop:
         datasheets = [st["done"][n]["datasheet"] for n in st["order"] if n.endswith("/data") and n in st["done"]]
         losses = {n: st["done"][n].get("losses", []) for n in st["order"] if n.endswith("sft") or n.endswith("refresh")}
         return {
-            "config": str(self.config.get("name", "")),
+            "config": str(self.config.name),
             "split": self.eval_split,
             "heldout_tasks": len(self.heldout),
             "stages": [{"name": name, "success": ev["success"], "partial_score": ev["partial_score"],

@@ -163,9 +163,8 @@ def per_device_bytes(shapes: Any, shardings: Any) -> dict[Any, int]:
 
 
 def rules_from_config(config: Any) -> tuple[tuple[str, Any], ...]:
-    """The `sharding_rules` of an experiment config, as a tuple of pairs (defaults when absent)."""
-    rules = getattr(config, "sharding_rules", None) if not isinstance(config, Mapping) else config.get("sharding_rules")
-    return DEFAULT_RULES if rules is None else tuple(tuple(r) for r in rules)
+    """The `sharding_rules` of an experiment config (a ConfigDict or a mapping), as a tuple of pairs."""
+    return tuple(tuple(r) for r in config["sharding_rules"])
 
 
 def describe(mesh: Mesh) -> str:

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
 
     if args.action == "emulate":
         from mpa_jax.envs.adb.emulator import serve_forever

@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from mpa_jax.cli import UserError
+from mpa_jax.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

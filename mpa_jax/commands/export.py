@@ -18,16 +18,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"), help="tensor dtype written")
     parser.add_argument("--tokenizer", default=None, help="tokenizer dir to copy (default: the run's own: <run>/tokenizer, else the one its card or saved config names)")
     parser.add_argument("--max-shard-gb", type=float, default=2.0, help="size of a safetensors shard (GB)")
-    parser.add_argument("--distributed", action="store_true",
-                        help="multi-host: jax.distributed.initialize() first (run the same command on every host; process 0 writes)")
-    parser.add_argument("--coordinator", default=None, help="host:port of process 0 (with --distributed)")
-    parser.add_argument("--num-processes", type=int, default=None, help="number of processes (with --distributed)")
-    parser.add_argument("--process-id", type=int, default=None, help="this process' index (with --distributed)")
+    from mpa_jax.cli import add_distributed_arguments
+
+    add_distributed_arguments(parser, "jax.distributed.initialize() first (run the same command on every host; process 0 writes)")
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError
-    from mpa_jax.commands.sft import init_distributed
+    from mpa_jax.cli import init_distributed
+    from mpa_jax.errors import UserError
 
     init_distributed(args)
     from mpa_jax.export import export_checkpoint

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
     from mpa_jax.harness.config import HarnessConfig, HarnessConfigError
 
     try:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
 
 def _session(cfg: Any) -> Any:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
     from mpa_jax.harness.mcp import MCPStartError
     from mpa_jax.harness.registry import RegistryError
     from mpa_jax.harness.runtime import HarnessSession
@@ -104,7 +104,7 @@ def _tools(args: argparse.Namespace, cfg: Any, root: str) -> int:
 
 
 def _call(args: argparse.Namespace, cfg: Any, root: str) -> int:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
 
     if not args.tool:
         raise UserError("harness call needs --tool NAME")
@@ -153,7 +153,7 @@ def harness_call(session: Any, tool: str, call_args: dict[str, Any], call_id: st
 
 
 def _store(root: str) -> Any:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
     from mpa_jax.harness.evolution import store_path
     from mpa_jax.harness.store import HarnessStore, HarnessStoreError
 
@@ -164,8 +164,9 @@ def _store(root: str) -> Any:
 
 
 def _mine(args: argparse.Namespace, cfg: Any, root: str) -> int:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
     from mpa_jax.harness import evolution as ev
+    from mpa_jax.harness.store import HarnessStoreError
 
     if not args.traces:
         raise UserError("harness mine needs --traces FILE...")
@@ -173,13 +174,11 @@ def _mine(args: argparse.Namespace, cfg: Any, root: str) -> int:
         trajs = ev.read_traces(args.traces)
     except ev.EvolutionError as e:
         raise UserError(str(e)) from None
-    proposals = ev.mine(trajs, min_count=args.min_count)
-    store = _store(root)
     try:
-        added = ev.submit(store, proposals, cfg.review_policy)
-        version = ev.release(store, root, trajs) if cfg.review_policy == "auto" else None
-    finally:
-        store.close()
+        evolved = ev.evolve(root, trajs, cfg.review_policy, min_count=args.min_count)
+    except HarnessStoreError as e:
+        raise UserError(str(e)) from None
+    proposals, added, version = evolved.proposals, evolved.added, evolved.version
     out = {"traces": len(trajs), "proposals": len(proposals), "new": added, "policy": cfg.review_policy, "version": version}
     if args.json:
         print(json.dumps(out, sort_keys=True))
@@ -188,14 +187,14 @@ def _mine(args: argparse.Namespace, cfg: Any, root: str) -> int:
         for p in proposals:
             print(f"  {p['id']:<18} {p['kind']:<18} {p['cluster']}  evidence {len(p['evidence'])}")
         if version:
-            print(f"auto-approved: harness version {version} written under {root}/versions/")
+            print(f"released: harness version {version} written under {root}/versions/ (approved proposals)")
     return 0
 
 
 def _review(args: argparse.Namespace, cfg: Any, root: str) -> int:
     import getpass
 
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
     from mpa_jax.harness import evolution as ev
     from mpa_jax.harness.store import HarnessStoreError
 
@@ -235,7 +234,7 @@ def _eval(args: argparse.Namespace, config: Any, cfg: Any) -> int:
     four `Evaluator.evaluate` calls (one eval.json each under <workdir>/harness-eval/<planner>-<split>-<n>/<setting>/)."""
     import dataclasses
 
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
     from mpa_jax.envs import load_tasks
     from mpa_jax.eval import ORACLE, Evaluator
 

@@ -10,7 +10,7 @@ import os
 import shutil
 from typing import Any
 
-from mpa_jax.cli import UserError
+from mpa_jax.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,20 +19,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from mpa_jax.cli import add_start_argument
 
     parser.epilog = "example: mpa loop --config micro --checkpoint starter --rounds 1 --workdir runs/loop"
-    add_start_argument(parser, extra="; default: --starter / config.demo.starter")
+    add_start_argument(parser, extra="; default: --starter / config.loop.starter")
     parser.add_argument("--starter", default=None,
-                        help="starter planner directory to start from (default: config.demo.starter when set; '' = from scratch);"
+                        help="starter planner directory to start from (default: config.loop.starter when set; '' = from scratch);"
                              " --checkpoint PATH names any start")
 
 
 def use_starter(config: Any, starter_arg: str | None) -> tuple[Any, str | None]:
     """(config pointed at the starter planner, its directory) when one is named (`--starter`, else
-    `config.demo.starter`) and present; (config, None) to train from scratch."""
+    `config.loop.starter`) and present; (config, None) to train from scratch."""
     from mpa_jax.sft.starter import StarterError, find_starter, load_starter, with_starter
 
     explicit = starter_arg is not None
     if starter_arg is None:
-        starter_arg = str(config.demo.starter)
+        starter_arg = str(config.loop.starter)
     path = find_starter(starter_arg) if starter_arg else None
     if starter_arg and path is None:
         if explicit:

@@ -30,10 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
     from rich.console import Console
 
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
 
     console = Console(stderr=True)
-    mem = config.get("memory", ml_collections.ConfigDict())
+    mem = config.memory
     if args.action == "suite":
         from mpa_jax.harness.memory.suite import parse_size, write_suite
 
@@ -45,11 +45,9 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
             tokens = parse_size(args.tokens)
         except ValueError as e:
             raise UserError(str(e)) from None
-        if not 0.0 <= float(mem.get("paraphrase", 0.3)) <= 1.0:
-            raise UserError(f"config.memory.paraphrase must be in [0, 1], got {mem.get('paraphrase')}")
         t0 = time.perf_counter()
-        meta = write_suite(args.out, tokens, seed=int(mem.get("seed", 0)), per_ability=int(mem.get("per_ability", 10)),
-                           persona_seed=int(mem.get("persona_seed", 0)), paraphrase=float(mem.get("paraphrase", 0.3)))
+        meta = write_suite(args.out, tokens, seed=int(mem.seed), per_ability=int(mem.per_ability),
+                           persona_seed=int(mem.persona_seed), paraphrase=float(mem.paraphrase))
         console.print(f"wrote {args.out}: {meta['tokens']:,} tokens, {meta['turns']:,} turns, {meta['sessions']:,} sessions, "
                       f"{meta['questions']} questions ({time.perf_counter() - t0:.1f}s)")
         return 0
@@ -60,10 +58,10 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
         raise UserError(f"memory eval needs --suite DIR holding a suite (meta.json), got {args.suite!r}")
     if not args.out:
         raise UserError("memory eval needs --out FILE.json")
-    budget = int(args.budget if args.budget is not None else mem.get("budget_tokens", 2048))
+    budget = int(args.budget if args.budget is not None else mem.budget_tokens)
     if budget < 64:
         raise UserError(f"--budget must be at least 64 tokens, got {budget}")
-    kind = args.reader or str(mem.get("reader", "scripted"))
+    kind = args.reader or str(mem.reader)
     if kind == "scripted":
         reader = ScriptedReader()
     elif kind == "openai":
@@ -74,8 +72,7 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
         reader = None
     else:
         raise UserError(f"--reader must be scripted, openai or none, got {kind!r}")
-    store_kwargs = {k: mem.store[k] for k in ("recency_weight", "entity_weight", "candidates", "min_coverage", "rank_limit")
-                    if "store" in mem and k in mem.store}
+    store_kwargs = mem.store.to_dict()  # recency_weight, entity_weight, candidates, min_coverage, rank_limit
     t0 = time.perf_counter()
     report = evaluate_suite(args.suite, budget_tokens=budget, store_path=args.store, reader=reader, store_kwargs=store_kwargs)
     write_report(report, args.out)

@@ -48,7 +48,8 @@ def _print_summary(out: str, tasks: list[Any], trajs: list[Any], seconds: float,
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError, apply_env_arguments
+    from mpa_jax.cli import apply_env_arguments
+    from mpa_jax.errors import UserError
     from mpa_jax.data import oracle_dataset
     from mpa_jax.envs.base import EnvUnavailable
 

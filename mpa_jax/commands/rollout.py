@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError, apply_env_arguments
+    from mpa_jax.cli import apply_env_arguments
+    from mpa_jax.errors import UserError
     from mpa_jax.envs import load_tasks
     from mpa_jax.eval import Evaluator, eval_metrics, format_eval
     from mpa_jax.rollout.engines import RolloutSetupError

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
 
     host = args.host or str(config.serve.host)
     port = int(config.serve.port) if args.port is None else args.port
@@ -72,8 +72,6 @@ def run(args: argparse.Namespace, config: Any) -> int:
 
     if str(config.rollout.engine) != "jax":
         raise UserError("mpa serve runs the embedded engine: set --config.rollout.engine=jax")
-    if str(config.serve.batcher) not in ("auto", "slots", "call"):
-        raise UserError(f"config.serve.batcher must be auto, slots or call, got {config.serve.batcher!r}")
     from mpa_jax.envs.context import ContextFormat
 
     try:
@@ -100,7 +98,7 @@ def run(args: argparse.Namespace, config: Any) -> int:
         engine,
         tokenizer,
         model_path=os.path.abspath(ckpt) if ckpt else "",
-        tokenizer_path=os.path.abspath(tok_dir) if tok_dir else str(config.tokenizer.get("path", "") or ""),
+        tokenizer_path=os.path.abspath(tok_dir) if tok_dir else str(config.tokenizer.path),
         served_model_name=name,
         max_batch=int(config.serve.max_batch),
         default_max_new_tokens=int(config.serve.max_new_tokens),

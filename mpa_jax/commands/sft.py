@@ -33,23 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-pass-k", type=int, nargs="+", default=None, metavar="K",
                         help="k values of pass@k (each <= --eval-samples; default 1 and N)")
     parser.add_argument("--eval-temperature", type=float, default=None, help="sampling temperature of --eval-samples")
-    parser.add_argument("--distributed", action="store_true",
-                        help="multi-host: call jax.distributed.initialize() (auto-detected on TPU pods, SLURM, Open MPI; "
-                             "else give --coordinator/--num-processes/--process-id); run the same command on every host")
-    parser.add_argument("--coordinator", default=None, help="host:port of process 0 (with --distributed)")
-    parser.add_argument("--num-processes", type=int, default=None, help="number of processes (with --distributed)")
-    parser.add_argument("--process-id", type=int, default=None, help="this process' index (with --distributed)")
+    from mpa_jax.cli import add_distributed_arguments
 
-
-def init_distributed(args: argparse.Namespace) -> None:
-    """`jax.distributed.initialize` from the flags (None lets jax auto-detect the cluster)."""
-    if not args.distributed:
-        return
-    import jax
-
-    # CPU collectives across processes (only used when the platform is CPU; must precede initialize)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
+    add_distributed_arguments(parser, "call jax.distributed.initialize() (auto-detected on TPU pods, SLURM, Open MPI; "
+                                      "else give --coordinator/--num-processes/--process-id); run the same command on every host")
 
 
 def jax_process_index() -> int:
@@ -60,7 +47,7 @@ def jax_process_index() -> int:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
 
     data = args.data or str(config.sft.data or "")
     if not data and args.distributed:
@@ -75,6 +62,8 @@ def run(args: argparse.Namespace, config: Any) -> int:
             raise UserError(str(e)) from None
     elif not os.path.isfile(data):
         raise UserError(f"SFT data file not found: {data}")
+
+    from mpa_jax.cli import init_distributed
 
     init_distributed(args)
     from mpa_jax.sft import DataError, SFTDiverged, run_sft

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config: Any) -> int:
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
     from mpa_jax.sft import DataError
     from mpa_jax.sft.starter import build_starter
     from mpa_jax.train import CheckpointError

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
     from mpa_jax.envs import CATEGORIES, DOMAINS, SPLITS, load_tasks, tools_used, write_jsonl
 
     if args.split not in SPLITS:

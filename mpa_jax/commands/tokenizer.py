@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: ml_collections.ConfigDict) -> int:
     from rich.console import Console
 
-    from mpa_jax.cli import UserError
+    from mpa_jax.errors import UserError
     from mpa_jax.tokenizer.build import _MIN_VOCAB
     from mpa_jax.envs.context import ContextFormat
     from mpa_jax.tokenizer.corpus import build_project_tokenizer

@@ -261,7 +261,7 @@ def run_model_config(config: Any) -> tuple[ModelConfig, str]:
     import os
 
     section = config.model
-    init_from = str(section.get("init_from", "") or "")
+    init_from = str(section.init_from or "")
     if not init_from:
         return config_from_ml(section), ""
     init_from = os.path.expanduser(init_from)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 import ml_dtypes
 import numpy as np
 
+from mpa_jax.files import atomic_open
 from mpa_jax.models import registry
 
 # safetensors dtype name <-> numpy dtype, for the dtypes a checkpoint may hold our weights in.
@@ -285,8 +286,7 @@ def _write_safetensors(path: str, tensors: list[tuple[str, tuple[int, ...], Call
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for name, shape, get in tensors:
@@ -294,7 +294,6 @@ def _write_safetensors(path: str, tensors: list[tuple[str, tuple[int, ...], Call
             if tuple(arr.shape) != tuple(shape):
                 raise RuntimeError(f"tensor {name}: shape {arr.shape} != planned {shape}")
             f.write(arr.tobytes())
-    os.replace(tmp, path)
 
 
 def save_pretrained(

@@ -15,7 +15,6 @@ norm is not finite leaves the weights as they were (`train.step.apply_gradients`
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Sequence
 
@@ -30,6 +29,7 @@ from mpa_jax.rl import update as rlupdate
 from mpa_jax.rl.loss import make_rl_loss, policy_logprobs
 from mpa_jax.rl.errors import RLSetupError
 from mpa_jax.train import optimizer as optlib
+from mpa_jax.train.compiled import compile_cache
 from mpa_jax.train import state as statelib
 
 OPTIMIZER_KEYS = ("optimizer", "lr", "warmup_steps", "weight_decay", "clip_norm", "b1", "b2", "lr_end_ratio")
@@ -48,10 +48,10 @@ def optimizer_key(rl: Any, total_updates: int) -> tuple:
     return tuple((k, rl[k]) for k in OPTIMIZER_KEYS) + (("total", int(total_updates)),)
 
 
-@functools.lru_cache(maxsize=4)
+@compile_cache
 def compiled_update(cfg: models.ModelConfig, loss_key: tuple, opt_key: tuple, mesh: Any, rules: tuple) -> rlupdate.BudgetedUpdate:
-    """The RL update (jitted accumulate/apply pieces) for one (model, loss, optimizer, mesh) setting, cached so
-    that runs repeated in one process (resume, tests, the experiment's arms) reuse the compiled executables."""
+    """The RL update (jitted accumulate/apply pieces) for one (model, loss, optimizer, mesh) setting, in the one
+    compile cache (`mpa_jax.train.compiled`): repeated runs in one process reuse the compiled executables."""
     import ml_collections
 
     temperature, clip_low, clip_high, kl_coef, chunk, vocab_limit = loss_key

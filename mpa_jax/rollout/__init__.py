@@ -14,7 +14,7 @@ Public API::
     rollout.make_engine(config, checkpoint=None, params=None, tokenizer=tok) -> engine   # from the `c.rollout`
                                                # config; never samples an id >= tokenizer.vocab_size
     rollout.EpisodeRunner.from_config(config)  # envs (kind or mixture), pool, harness, context format
-    runner.run(engine, tokenizer, tasks, rollout.EpisodeConfig(...)) -> [Trajectory]
+    runner.run(engine, tokenizer, tasks, rollout.EpisodeConfig.defaults(...)) -> [Trajectory]
     rollout.create_app(engine, tokenizer) / rollout.ServerThread(app)    # `mpa serve` (FastAPI): SGLang-native + OpenAI
     rollout.sglang_launch_command(hf_dir, ...)  # `python -m sglang.launch_server ...` argv
 

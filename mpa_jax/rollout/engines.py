@@ -191,4 +191,4 @@ def load_rollout_tokenizer(config: Any, checkpoint: str | None, workdir: str | N
 
     if checkpoint is not None and tk.is_tokenizer_dir(checkpoint):
         return tk.load_tokenizer(checkpoint)
-    return tk.tokenizer_for_config(config, workdir or os.path.join("runs", str(config.get("name", "run"))))
+    return tk.tokenizer_for_config(config, workdir or os.path.join("runs", str(config.name)))

@@ -65,22 +65,23 @@ from mpa_jax.rollout.types import EngineError, GenerateResult, SamplingParams
 
 @dataclasses.dataclass
 class EpisodeConfig:
-    """Limits and sampling of one `run` (from `config.rollout`)."""
+    """Limits and sampling of one `run`: `from_config(config.rollout)`, or `defaults(**overrides)` (configs/tiny.py's
+    rollout section, the one source of defaults, for tests and benches)."""
 
-    max_turns: int = 8
-    max_new_tokens: int = 256
-    max_total_tokens: int = 4096
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    batch_size: int = 16  # live episodes at once
-    seed: int = 0
-    planner: str = "policy"
-    max_output_errors: int = 0  # end the episode after this many malformed turns; 0 = only the turn/token limits
+    max_turns: int
+    max_new_tokens: int
+    max_total_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    batch_size: int  # live episodes at once
+    seed: int
+    max_output_errors: int  # end the episode after this many malformed turns; 0 = only the turn/token limits
     # "continuous": a streaming engine gets each episode's next turn as soon as it is ready (fastest);
     # "rounds": one generate call per token budget per round (each batch on an idle engine: bitwise
     # reproducible, what RL's exact resume needs). Engines without `submit` always run rounds.
-    schedule: str = "continuous"
+    schedule: str
+    planner: str = "policy"  # the provenance label of the episodes (not a config knob)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_total_tokens", "batch_size"):
@@ -106,6 +107,14 @@ class EpisodeConfig:
         )
         kw.update(overrides)
         return cls(**kw)
+
+    @classmethod
+    def defaults(cls, **overrides: Any) -> "EpisodeConfig":
+        """configs/tiny.py's `rollout` section and seed, with `overrides` (tests, benches, `run` without a config)."""
+        from mpa_jax.config import load_config_file
+
+        tiny = load_config_file("tiny")
+        return cls.from_config(tiny.rollout, seed=int(overrides.pop("seed", tiny.seed)), **overrides)
 
 
 def episode_seed(base: int, index: int, turn: int) -> int:
@@ -220,7 +229,7 @@ class EpisodeRunner:
             kinds: Sequence[str] | None = None, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """One episode per task (results in task order). `kinds[i]` overrides task i's env kind; `on_done` is
         called as each episode finishes (progress bars, streaming writes)."""
-        cfg = cfg or EpisodeConfig()
+        cfg = cfg or EpisodeConfig.defaults()
         if kinds is not None and len(kinds) != len(tasks):
             raise ValueError(f"EpisodeRunner.run: {len(kinds)} kinds for {len(tasks)} tasks")
         if self.harness is not None and self.harness.cfg.subagents and self.harness.subplanner is None:

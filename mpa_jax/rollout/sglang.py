@@ -719,8 +719,8 @@ def engine_from_config(
     ValueError naming the key.
     """
     r = config.rollout
-    url = str(r.get("sglang_url", "") or "").strip()
-    raw = r.get("sglang_workers", ())
+    url = str(r.sglang_url or "").strip()
+    raw = r.sglang_workers
     if isinstance(raw, str):
         workers = [u for u in raw.replace(",", " ").split() if u]
     elif isinstance(raw, (list, tuple)):
@@ -730,8 +730,8 @@ def engine_from_config(
     if not url and not workers:
         raise ValueError("config.rollout.sglang_url (a server or router) or config.rollout.sglang_workers must be set")
 
-    def number(key: str, default: Any, kind: type, lo: float) -> Any:
-        value = r.get(key, default)
+    def number(key: str, kind: type, lo: float) -> Any:
+        value = r[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)) or value < lo:
             raise ValueError(f"config.rollout.{key} must be {'an int' if kind is int else 'a number'} >= {lo:g}, got {value!r}")
         return kind(value)
@@ -740,10 +740,10 @@ def engine_from_config(
         return SGLangEngine(
             url or None,
             workers=workers,
-            max_concurrency=number("batch_size", 32, int, 1),
-            timeout_s=number("sglang_timeout_s", 300.0, float, 1e-3),
-            max_retries=number("sglang_max_retries", 3, int, 0),
-            max_staleness=number("sglang_max_staleness", 0, int, 0),
+            max_concurrency=number("batch_size", int, 1),
+            timeout_s=number("sglang_timeout_s", float, 1e-3),
+            max_retries=number("sglang_max_retries", int, 0),
+            max_staleness=number("sglang_max_staleness", int, 0),
             exporter=exporter,
             export_root=export_root,
             weight_version=weight_version,

@@ -8,7 +8,6 @@ a run whose directory already holds a checkpoint resumes from the latest complet
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import sys
@@ -24,6 +23,7 @@ from mpa_jax import models, sharding
 from mpa_jax.sft import data as sft_data
 from mpa_jax.sft.loss import make_sft_loss
 from mpa_jax.train import checkpoint as ckpt
+from mpa_jax.train.compiled import compile_cache
 from mpa_jax.train import metrics as mlib
 from mpa_jax.train import optimizer as optlib
 from mpa_jax.train import state as statelib
@@ -427,14 +427,10 @@ def _opt_key(sft: Any) -> tuple:
     return tuple((k, sft[k]) for k in ("lr", "warmup_steps", "steps", "weight_decay", "clip_norm", "b1", "b2", "lr_end_ratio"))
 
 
-@functools.lru_cache(maxsize=4)
+@compile_cache
 def _compiled_fns(cfg: models.ModelConfig, chunk: int, opt_key: tuple, micro: int, mesh: Any, rules: tuple) -> tuple[Callable, Callable]:
-    """The jitted train and eval steps for one (model, optimizer, mesh) setting.
-
-    Cached so that runs repeated in one process (resume, tests, the demo) reuse the compiled executables
-    instead of tracing and compiling identical functions again. Everything in the key is hashable and
-    the functions are pure, so sharing them is safe.
-    """
+    """The jitted train and eval steps for one (model, optimizer, mesh) setting (in the one compile cache,
+    `mpa_jax.train.compiled`)."""
     import ml_collections
 
     optimizer, schedule = optlib.optimizer_from_config(ml_collections.ConfigDict({k: v for k, v in opt_key if v is not None}))

@@ -172,7 +172,7 @@ def project_tokenizer(config: Any, workdir: str) -> Tokenizer:
         if meta.get("vocab_size") == vocab_size and meta.get("context", context.to_dict()) == context.to_dict():
             return load_tokenizer(out)
     tok, _ = build_project_tokenizer(vocab_size, out, split=str(config.oracle.split) if "oracle" in config else "train",
-                                     seed=int(config.get("seed", 0)),
+                                     seed=int(config.seed),
                                      max_tasks=int(config.tokenizer.corpus_tasks), context=context)
     return tok
 

@@ -29,16 +29,14 @@ REQUIRED_TOKENS = (IM_START, IM_END, "<tool_call>", "</tool_call>")
 PROJECT_BPE = "project-bpe"
 
 
-def _get(section: Any, key: str, default: Any = "") -> Any:
-    if section is None:
-        return default
-    getter = getattr(section, "get", None)
-    return getter(key, default) if getter is not None else getattr(section, key, default)
+def _tokenizer_path(config: Any) -> str:
+    """`config.tokenizer.path` ('' for a config without a tokenizer section)."""
+    return str(config.tokenizer.path or "") if "tokenizer" in config else ""
 
 
 def init_from(config: Any) -> str:
     """`config.model.init_from` expanded, or '' for a from-scratch model."""
-    path = str(_get(config.get("model", None), "init_from", "") or "")
+    path = str(config.model.init_from or "") if "model" in config else ""
     return os.path.expanduser(path) if path else ""
 
 
@@ -46,7 +44,7 @@ def model_vocab_size(config: Any) -> int | None:
     """Embedding rows of the model a config trains: the init_from checkpoint's config.json vocab_size
     (text_config for multimodal checkpoints), else `config.model.vocab_size`; None for a config without
     a model section (tokenizer-only tools)."""
-    if config.get("model", None) is None:
+    if "model" not in config:
         return None
     src = init_from(config)
     if not src:
@@ -68,7 +66,7 @@ def tokenizer_dir_for_config(config: Any, workdir: str | None) -> str | None:
     """The tokenizer directory a run uses (see the module doc), or None when the project BPE is not
     built yet. Raises TokenizerError when init_from is set but carries no tokenizer and no
     `tokenizer.path` is given."""
-    path = str(_get(config.get("tokenizer", None), "path", "") or "")
+    path = _tokenizer_path(config)
     if path == PROJECT_BPE:
         return os.path.join(workdir, "tokenizer") if workdir and is_tokenizer_dir(os.path.join(workdir, "tokenizer")) else None
     if path:
@@ -107,7 +105,7 @@ def tokenizer_for_config(config: Any, workdir: str) -> Tokenizer:
     from mpa_jax.tokenizer.corpus import project_tokenizer
 
     src = init_from(config)
-    named_bpe = str(_get(config.get("tokenizer", None), "path", "") or "") == PROJECT_BPE
+    named_bpe = _tokenizer_path(config) == PROJECT_BPE
     path = None if named_bpe else tokenizer_dir_for_config(config, None)
     tok = load_tokenizer(path) if path else project_tokenizer(config, workdir)
     vocab = model_vocab_size(config)

@@ -174,7 +174,7 @@ def plan(config: Any, num_devices: int) -> dict[str, Any]:
     attn_layers = sum(k == "full_attention" for k in _layer_kinds(cfg))
     flops = mlib.train_flops_per_token(active, attn_layers, seq_len, cfg.num_attention_heads * cfg.head_dim) * rows * seq_len
     return {
-        "config": str(config.get("name", "")),
+        "config": str(config.name),
         "devices": num_devices,
         "mesh": mesh,
         "param_count": n,

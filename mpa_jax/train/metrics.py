@@ -12,6 +12,8 @@ from typing import Any, Mapping
 
 import jax
 
+from mpa_jax.files import atomic_open
+
 # Dense bf16 peak FLOP/s per device for the accelerators we target (vendor figures, no sparsity).
 PEAK_BF16_FLOPS = {
     "h200": 989e12,
@@ -149,9 +151,8 @@ def truncate_metrics(path: str, keep_through: int) -> int:
             else:
                 dropped += 1
     if dropped:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        with atomic_open(path) as f:
             f.writelines(kept)
-        os.replace(path + ".tmp", path)
     return dropped
 
 

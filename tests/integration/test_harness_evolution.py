@@ -130,3 +130,23 @@ def test_bad_trace_file_is_one_clear_error(tmp_path):
     bad.write_text('{"task_id": "x"}\n')
     out = _mpa(tmp_path, "mine", "--traces", str(bad), "--root", str(tmp_path / "r"))
     assert out.returncode == 2 and "bad.jsonl:1" in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_evolve_is_the_one_release_service(tmp_path, traces):
+    """`evolution.evolve` (what `mpa loop`'s harness stage and `mpa harness mine` both call): under the manual
+    policy it queues and releases nothing; once a proposal is approved, the next evolve releases it, and
+    proposals already queued are not queued twice."""
+    from mpa_jax.envs import Trajectory, read_jsonl
+    from mpa_jax.harness import evolution
+    from mpa_jax.harness.store import HarnessStore
+
+    root = str(tmp_path / "svc")
+    trajs = read_jsonl(traces, Trajectory)
+    first = evolution.evolve(root, trajs, "manual")
+    assert first.version is None and first.added and set(first.added) == {p["id"] for p in first.proposals}
+    with HarnessStore(evolution.store_path(root)) as store:
+        store.decide(first.added[0], "approved", "tester", "ok")
+    second = evolution.evolve(root, trajs, "manual")
+    assert second.added == [] and second.version == evolution.current_version(root)
+    manifest = json.load(open(os.path.join(root, "versions", second.version, "manifest.json")))
+    assert [p["id"] for p in manifest["proposals"]] == [first.added[0]]

@@ -109,5 +109,5 @@ def test_make_demo_is_the_loop_on_the_embedded_default():
     from mpa_jax.config import load_config_file
 
     cfg = load_config_file(os.path.join(ROOT, "configs", "tiny.py"))
-    assert cfg.demo.starter == "starter" and cfg.loop.eval_split == "preregistered"
+    assert cfg.loop.starter == "starter" and cfg.loop.eval_split == "preregistered"
     assert cfg.loop.eval_seen > 0 and cfg.loop.eval_held_out > 0 and cfg.loop.rounds >= 1

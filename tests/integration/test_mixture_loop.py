@@ -66,7 +66,7 @@ class SlowSandbox(SandboxEnv):
 
 
 def test_round_steps_overlap_and_succeed(tok, tasks):
-    cfg = EpisodeConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
+    cfg = EpisodeConfig.defaults(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
     peaks = {}
     for concurrency in (4, 1):
         SlowSandbox.peak = 0
@@ -80,7 +80,7 @@ def test_round_steps_overlap_and_succeed(tok, tasks):
 
 
 def test_step_timeout_is_an_infra_episode(tok, tasks):
-    cfg = EpisodeConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
+    cfg = EpisodeConfig.defaults(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
     envs = iter([SlowSandbox(2.0), SlowSandbox(0.0), SlowSandbox(0.0), SlowSandbox(0.0)])
     with EnvPool({"slow": KindLimits(concurrency=4, timeout_s=0.3)}) as pool:
         trajs = run_episodes(ScriptedEngine(tok, _script(tok, tasks)), tok, tasks, lambda: next(envs), cfg, pool=pool)
@@ -90,7 +90,7 @@ def test_step_timeout_is_an_infra_episode(tok, tasks):
 
 
 def test_agent_loop_on_the_emulated_device(tok, tasks):
-    cfg = EpisodeConfig(max_turns=8, max_new_tokens=256, batch_size=1, seed=1)
+    cfg = EpisodeConfig.defaults(max_turns=8, max_new_tokens=256, batch_size=1, seed=1)
     with AdbServer() as srv, EmulatedDevice() as dev, EnvPool({"adb": KindLimits(1, 10.0)}) as pool:
         srv.connect(dev.serial)
         trajs = run_episodes(ScriptedEngine(tok, _script(tok, tasks)), tok, tasks[:2],

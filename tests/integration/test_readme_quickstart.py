@@ -11,7 +11,7 @@ only these changes, which make them small enough for CI and keep them in a tempo
 - budgets shrink: `--max-steps N` -> 1, `--max-tasks N` -> 2; `runs/...` -> a temporary directory;
   `--port 8000` -> a free port (and the client's URL with it).
 
-`mpa loop` (the README's last job) is not tagged: tests/integration/test_loop.py and test_demo.py run it.
+`mpa loop` (the README's last job) is not tagged: tests/integration/test_loop.py runs it (`make demo` is that command on configs/tiny.py).
 """
 from __future__ import annotations
 

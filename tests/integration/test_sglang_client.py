@@ -163,7 +163,7 @@ def test_agent_loop_over_http_equals_in_process(setup):
 
     tok = setup["tok"]
     tasks = load_tasks("dev")[:2]
-    cfg = EpisodeConfig(max_turns=2, max_new_tokens=8, temperature=1.0, seed=4, batch_size=2)
+    cfg = EpisodeConfig.defaults(max_turns=2, max_new_tokens=8, temperature=1.0, seed=4, batch_size=2)
     client = SGLangEngine(setup["server"].url)
     client.update_weights(setup["ckpt"], "a")  # whatever an earlier test left loaded
     over_http = run_episodes(client, tok, tasks, lambda: make_env("sandbox"), cfg)
@@ -298,7 +298,9 @@ def test_engine_from_config_reads_the_rollout_keys():
     assert (e.mode, e.max_concurrency, e.max_retries, e.max_staleness, e.vocab_limit) == ("fleet", 5, 0, 1, 100)
     import ml_collections
 
-    as_text = ml_collections.ConfigDict({"rollout": {"sglang_url": "", "sglang_workers": "http://127.0.0.1:1, http://127.0.0.1:2"}})
+    d = load_config_file("configs/tiny.py").to_dict()  # every other key from configs/, the one source of defaults
+    d["rollout"].update(sglang_url="", sglang_workers="http://127.0.0.1:1, http://127.0.0.1:2")  # a string list too
+    as_text = ml_collections.ConfigDict(d)
     assert [w.url for w in engine_from_config(as_text).workers()] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     c.rollout.sglang_workers = ()
     with pytest.raises(ValueError, match="sglang_url .* or config.rollout.sglang_workers must be set"):

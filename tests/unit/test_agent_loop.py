@@ -49,7 +49,7 @@ def gold_script(tok, tasks):
 
 def test_gold_replay_succeeds_with_exact_token_bookkeeping(tok, tasks):
     engine = ScriptedEngine(tok, gold_script(tok, tasks))
-    cfg = EpisodeConfig(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
+    cfg = EpisodeConfig.defaults(max_turns=8, max_new_tokens=256, batch_size=4, seed=1)
     trajs = run_episodes(engine, tok, tasks, lambda: make_env("sandbox"), cfg)
     assert [t.task_id for t in trajs] == [t.id for t in tasks]
     for task, traj in zip(tasks, trajs):
@@ -81,7 +81,7 @@ def test_token_stream_is_the_chat_rendering_of_what_was_sampled(tok, tasks):
     task = tasks[0]
     first = _gold_text(task.gold[0])
     engine = ScriptedEngine(tok, [first, "All done."])
-    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), EpisodeConfig(max_turns=4))
+    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), EpisodeConfig.defaults(max_turns=4))
     obs = make_env("sandbox").reset(task)
     fb_msg = traj.messages[len(obs["messages"]) + 1]
     assert fb_msg["role"] == "tool"
@@ -99,7 +99,7 @@ def test_malformed_output_becomes_an_error_feedback_turn(tok, tasks):
     task = tasks[0]
     bad = '<tool_call>{"name": "create_contact", "arguments": {"name": </tool_call>'
     engine = ScriptedEngine(tok, [bad, "Sorry, I could not do it."])
-    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), EpisodeConfig(max_turns=4))
+    (traj,) = run_episodes(engine, tok, [task], lambda: make_env("sandbox"), EpisodeConfig.defaults(max_turns=4))
     assert traj.finish_reason == "answer" and not traj.infra_failure
     step = traj.steps[0]
     assert step.feedback.error_code == ErrorCode.INVALID_ARGUMENTS and "could not be parsed" in step.feedback.message
@@ -114,14 +114,14 @@ def test_malformed_output_becomes_an_error_feedback_turn(tok, tasks):
 def test_limits_max_turns_max_tokens_and_cut_turns(tok, tasks):
     task = tasks[0]
     call = tk.format_tool_call("search_contacts", {"query": "a"})
-    (traj,) = run_episodes(ScriptedEngine(tok, [call]), tok, [task], lambda: make_env("sandbox"), EpisodeConfig(max_turns=3))
+    (traj,) = run_episodes(ScriptedEngine(tok, [call]), tok, [task], lambda: make_env("sandbox"), EpisodeConfig.defaults(max_turns=3))
     assert traj.finish_reason == "max_turns" and traj.costs["turns"] == 3
     assert traj.verification is not None and not traj.verification.infra_error
 
     # A turn cut by max_new_tokens (a runaway turn) is closed with an unsampled <|im_end|> (mask 0) and
     # answered with an error Feedback; it is not taken as the answer.
     long_text = "word " * 200
-    cfg = EpisodeConfig(max_turns=2, max_new_tokens=8)
+    cfg = EpisodeConfig.defaults(max_turns=2, max_new_tokens=8)
     (cut,) = run_episodes(ScriptedEngine(tok, [long_text]), tok, [task], lambda: make_env("sandbox"), cfg)
     im_end = tok.token_id("<|im_end|>")
     first_sampled = cut.loss_mask.index(1)
@@ -132,13 +132,13 @@ def test_limits_max_turns_max_tokens_and_cut_turns(tok, tasks):
     assert cut.costs["malformed_turns"] == 2
 
     # max_output_errors: the episode ends after that many malformed turns, not at the turn limit
-    cfg = EpisodeConfig(max_turns=8, max_new_tokens=8, max_output_errors=3)
+    cfg = EpisodeConfig.defaults(max_turns=8, max_new_tokens=8, max_output_errors=3)
     (quit_,) = run_episodes(ScriptedEngine(tok, [long_text]), tok, [task], lambda: make_env("sandbox"), cfg)
     assert quit_.finish_reason == "output_errors" and quit_.costs["turns"] == 3
     assert quit_.provenance["output_errors"] == {"cut_turn": 3} and not quit_.infra_failure
 
     prompt_len = cut.loss_mask.index(1)
-    cfg = EpisodeConfig(max_turns=8, max_new_tokens=64, max_total_tokens=prompt_len + 40)
+    cfg = EpisodeConfig.defaults(max_turns=8, max_new_tokens=64, max_total_tokens=prompt_len + 40)
     (short,) = run_episodes(ScriptedEngine(tok, [call]), tok, [task], lambda: make_env("sandbox"), cfg)
     assert short.finish_reason == "max_tokens" and len(short.tokens) <= prompt_len + 40
     assert short.steps[0].feedback is not None  # the call ran; its feedback did not fit
@@ -179,7 +179,7 @@ class _BrokenEngine(ScriptedEngine):
 
 def test_infra_failures_are_marked_not_scored(tok, tasks):
     call = tk.format_tool_call("search_contacts", {"query": "a"})
-    cfg = EpisodeConfig(max_turns=4)
+    cfg = EpisodeConfig.defaults(max_turns=4)
     (timeout,) = run_episodes(ScriptedEngine(tok, [call]), tok, tasks[:1], _FailingEnv, cfg)
     (crash,) = run_episodes(ScriptedEngine(tok, [call]), tok, tasks[:1], _CrashingEnv, cfg)
     (engine_down,) = run_episodes(_BrokenEngine(tok, [call]), tok, tasks[:1], lambda: make_env("sandbox"), cfg)
@@ -224,11 +224,11 @@ def test_a_bug_in_an_env_fails_the_run_with_the_episode_named(tok, tasks, engine
 
 def test_seeds_are_per_episode_and_turn(tok, tasks):
     engine = ScriptedEngine(tok, gold_script(tok, tasks))
-    run_episodes(engine, tok, tasks[:3], lambda: make_env("sandbox"), EpisodeConfig(seed=5, batch_size=3))
+    run_episodes(engine, tok, tasks[:3], lambda: make_env("sandbox"), EpisodeConfig.defaults(seed=5, batch_size=3))
     seeds = [s for _, _, ss in engine.calls for s in ss]
     assert len(set(seeds)) == len(seeds)
     engine2 = ScriptedEngine(tok, gold_script(tok, tasks))
-    run_episodes(engine2, tok, tasks[:3], lambda: make_env("sandbox"), EpisodeConfig(seed=5, batch_size=3))
+    run_episodes(engine2, tok, tasks[:3], lambda: make_env("sandbox"), EpisodeConfig.defaults(seed=5, batch_size=3))
     assert seeds == [s for _, _, ss in engine2.calls for s in ss]
     params = engine.calls[0][1]
     assert params.stop_token_ids == (tok.token_id("<|im_end|>"),)  # the one token the template ends a turn with
@@ -256,7 +256,7 @@ def test_control_tokens_invalid_utf8_and_undecodable_ids_never_crash(tok, tasks)
     task = tasks[0]
     im_end, eot = tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")
     env = lambda: make_env("sandbox")  # noqa: E731
-    cfg = EpisodeConfig(max_turns=2)
+    cfg = EpisodeConfig.defaults(max_turns=2)
     # A sampled <|endoftext|> mid-turn: a control token in the wrong place. The stream keeps what was
     # sampled and the chat message holds the same raw text, so the template renders the same tokens.
     hi = tok.encode("Hi") + [eot] + tok.encode("there") + [im_end]
@@ -291,7 +291,7 @@ def test_episodes_never_exceed_max_total_tokens(tok, tasks):
     task = tasks[0]
     prompt_len = len(tk.ChatSession(tok, make_env("sandbox").reset(task)["messages"], make_env("sandbox").reset(task)["tools"]).ids)
     for extra in (1, 2, 3, 9, 40, 77):
-        cfg = EpisodeConfig(max_turns=6, max_new_tokens=16, max_total_tokens=prompt_len + extra)
+        cfg = EpisodeConfig.defaults(max_turns=6, max_new_tokens=16, max_total_tokens=prompt_len + extra)
         (traj,) = run_episodes(ScriptedEngine(tok, ["word " * 50]), tok, [task], lambda: make_env("sandbox"), cfg)
         assert len(traj.tokens) <= prompt_len + extra and traj.finish_reason == "max_tokens", (extra, len(traj.tokens))
         assert traj.tokens[-1] == tok.token_id("<|im_end|>") or len(traj.tokens) == prompt_len

@@ -47,7 +47,7 @@ def test_hot_sampling_from_an_untrained_model_finishes_every_episode(setup):
     tok, ckpt, tasks, longest = setup
     engine = JaxEngine.from_pretrained(ckpt, max_batch=16, vocab_limit=tok.vocab_size)
     # The token budget lets some episodes run out of room (the max_tokens path) while others end otherwise.
-    cfg = EpisodeConfig(max_turns=3, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3)
+    cfg = EpisodeConfig.defaults(max_turns=3, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3, max_output_errors=0)
     trajs = run_episodes(engine, tok, tasks, lambda: make_env("sandbox"), cfg)
     summary = _check(trajs, tasks, cfg)
     # With the vocabulary rule no id is undecodable, so no episode is lost to infra.
@@ -62,7 +62,7 @@ def test_without_the_vocabulary_rule_undecodable_ids_end_episodes_as_infra(setup
     reason, the others go on; nothing raises."""
     tok, ckpt, tasks, longest = setup
     engine = JaxEngine.from_pretrained(ckpt, max_batch=16)
-    cfg = EpisodeConfig(max_turns=2, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3)
+    cfg = EpisodeConfig.defaults(max_turns=2, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3, max_output_errors=0)
     trajs = run_episodes(engine, tok, tasks, lambda: make_env("sandbox"), cfg)
     summary = _check(trajs, tasks, cfg)
     assert summary["output_errors"].get("undecodable_token", 0) == summary["infra_failures"] > 0

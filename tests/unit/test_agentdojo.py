@@ -73,7 +73,7 @@ def _replay(tok, tasks):
         task = next(t for t in tasks if f"<|im_start|>user\n{t.instruction}<|im_end|>" in text)
         return _texts(task)[text.count("<|im_start|>assistant") - 1]
 
-    cfg = EpisodeConfig(max_turns=30, max_new_tokens=1024, max_total_tokens=300_000, batch_size=4)
+    cfg = EpisodeConfig.defaults(max_turns=30, max_new_tokens=1024, max_total_tokens=300_000, batch_size=4)
     return run_episodes(ScriptedEngine(tok, script), tok, tasks, lambda: make_env("agentdojo"), cfg)
 
 

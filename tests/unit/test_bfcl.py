@@ -121,7 +121,7 @@ def _replay(tok, tasks, texts_of=_gold_texts):
         task = next(t for t in tasks if f"<|im_start|>user\n{t.instruction}<|im_end|>" in text)
         return texts_of(task)[text.count("<|im_start|>assistant") - 1]
 
-    cfg = EpisodeConfig(max_turns=20, max_new_tokens=512, max_total_tokens=200_000, batch_size=4)
+    cfg = EpisodeConfig.defaults(max_turns=20, max_new_tokens=512, max_total_tokens=200_000, batch_size=4)
     return run_episodes(ScriptedEngine(tok, script), tok, tasks, lambda: make_env("bfcl"), cfg)
 
 

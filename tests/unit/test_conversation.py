@@ -93,7 +93,7 @@ def test_feedback_user_turn_round_trips_and_version_1_data_reads():
 
 def test_the_next_user_turn_reaches_the_planner_and_is_masked(tok):
     engine = ScriptedEngine(tok, _gold_replies())
-    (traj,) = run_episodes(engine, tok, [_task()], FollowUpEnv, EpisodeConfig(max_turns=2, max_new_tokens=64))
+    (traj,) = run_episodes(engine, tok, [_task()], FollowUpEnv, EpisodeConfig.defaults(max_turns=2, max_new_tokens=64))
     assert traj.verification.success and traj.finish_reason == "answer" and not traj.infra_failure
     assert traj.user_turns() == REQUESTS[1:] and traj.costs["user_turns"] == 2 and traj.costs["turns"] == 5
     # the engine was prompted with each follow-up as a user message, after the reply it answers
@@ -115,11 +115,11 @@ def test_the_next_user_turn_reaches_the_planner_and_is_masked(tok):
 def test_a_missing_follow_up_answer_fails_and_the_turn_limit_is_per_user_turn(tok):
     # the planner stops after the second request: the env still had a third, so the answer check fails
     engine = ScriptedEngine(tok, _gold_replies()[:4] + ["Done."])
-    (traj,) = run_episodes(engine, tok, [_task()], FollowUpEnv, EpisodeConfig(max_turns=2, max_new_tokens=64))
+    (traj,) = run_episodes(engine, tok, [_task()], FollowUpEnv, EpisodeConfig.defaults(max_turns=2, max_new_tokens=64))
     assert not traj.verification.success and traj.costs["user_turns"] == 2
     # two tool calls in one user turn with max_turns=2: the limit ends the episode inside that turn
     looping = [tk.format_tool_call("add", {"n": 2}), "ok", tk.format_tool_call("add", {"n": 1}), tk.format_tool_call("add", {"n": 1})]
-    (traj,) = run_episodes(ScriptedEngine(tok, looping), tok, [_task()], FollowUpEnv, EpisodeConfig(max_turns=2, max_new_tokens=64))
+    (traj,) = run_episodes(ScriptedEngine(tok, looping), tok, [_task()], FollowUpEnv, EpisodeConfig.defaults(max_turns=2, max_new_tokens=64))
     assert traj.finish_reason == "max_turns" and traj.costs["user_turns"] == 1 and traj.costs["turns"] == 4
 
 

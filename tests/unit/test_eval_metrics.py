@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from mpa_jax.envs import Trajectory, Verification
-from mpa_jax.eval import PriceTable, eval_metrics, pass_at_k, pass_hat_k
+from mpa_jax.envs import Trajectory, Verification, load_tasks
+from mpa_jax.eval import PriceTable, eval_metrics, pass_at_k, pass_hat_k, stratified
 
 
 def _traj(task, ok, score, cat="tool_use", dom="utilities", out=10, inp=100, calls=1, dev=0.5, infra=False):
@@ -57,3 +57,16 @@ def test_k_must_be_positive_and_empty_input_is_zero():
         eval_metrics([], k=0)
     m = eval_metrics([], k=1)
     assert m["overall"]["tasks"] == 0 and m["overall"]["success"] == 0.0 and not math.isnan(m["overall"]["cost_per_1k_tasks"]["total"])
+
+
+def test_stratified_sample_covers_every_domain_and_category_first():
+    tasks = load_tasks("dev")
+    cells = {(t.domain, t.category) for t in tasks}
+    sample = stratified(tasks, len(cells))
+    assert {(t.domain, t.category) for t in sample} == cells
+    domains = {d for d, _ in cells}
+    first = stratified(tasks, len(domains))
+    assert {t.domain for t in first} == domains
+    assert len({t.category for t in first}) == len({c for _, c in cells})
+    assert len({t.id for t in stratified(tasks, 100)}) == 100
+    assert stratified(tasks, 10) == stratified(tasks, 10)

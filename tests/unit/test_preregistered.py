@@ -24,7 +24,6 @@ ALLOWED = {
     "mpa_jax/eval/evaluator.py": {"evaluate"},
     "mpa_jax/loop.py": {"heldout"},  # the loop's evaluation stage's task selection
     "mpa_jax/commands/eval.py": {"run", "add_arguments"},
-    "mpa_jax/commands/demo.py": {"run"},
     # the pre-registered RL experiment's evaluation of a finished arm (its only reader; RL never sees the list)
     "mpa_jax/experiments/prereg.py": {"evaluate_on_test_set"},
 }
@@ -123,8 +122,8 @@ def test_a_changed_or_missing_task_is_caught(doc, tmp_path, monkeypatch):
 
 
 def test_no_code_path_outside_evaluation_reads_the_list():
-    """Only evaluation code (eval/, the loop's evaluation task selection, `mpa eval`, `mpa demo`'s evaluation, the
-    pre-registered experiment's evaluation of a finished arm) names the list; RL, data, SFT, the harness, envs, kernels and benches never do. The list file itself is
+    """Only evaluation code (eval/, the loop's evaluation task selection, `mpa eval`, the pre-registered experiment's
+    evaluation of a finished arm) names the list; RL, data, SFT, the harness, envs, kernels and benches never do. The list file itself is
     opened only by `eval/tasks.py`; the split name is refused by `select_tasks` and by `envs.load_tasks`, which
     every training-side task selection goes through."""
     readers = {}
@@ -142,7 +141,7 @@ def test_no_code_path_outside_evaluation_reads_the_list():
         assert rel in ALLOWED, f"{rel} reaches the pre-registered list outside evaluation code: {uses}"
         allowed = ALLOWED[rel]
         assert allowed is None or {s for s, _ in uses} <= allowed, f"{rel}: {uses} outside {sorted(allowed)}"
-    assert {"mpa_jax/loop.py", "mpa_jax/commands/eval.py", "mpa_jax/commands/demo.py", "mpa_jax/experiments/prereg.py"} <= set(readers)
+    assert {"mpa_jax/loop.py", "mpa_jax/commands/eval.py", "mpa_jax/experiments/prereg.py"} <= set(readers)
     # configs name it only as an evaluation split
     from mpa_jax.config import load_config_file
 
