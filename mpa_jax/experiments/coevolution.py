@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mpa_jax.files import write_text
 from mpa_jax.loop import Loop
 
 ARMS = ("model-only", "coevolution")
@@ -106,7 +107,7 @@ def results_dir(config: Any) -> str:
     from mpa_jax.start import repo_root
 
     if "coevolution" not in config:
-        raise ValueError(f"config {config.get('name', '')!r} has no coevolution section: use configs/prereg_coevo.py")
+        raise ValueError(f"config {config.name!r} has no coevolution section: use configs/prereg_coevo.py")
     path = str(config.coevolution.results)
     return path if os.path.isabs(path) else os.path.join(repo_root(), path)
 
@@ -116,7 +117,7 @@ def run_arms(config: Any, workdir: str, *, results: str | None = None, only: Seq
     """Run (or continue) each arm without a record, model-only first; write its record; returns the arms run now."""
     results = results or results_dir(config)
     if "coevolution" not in config:
-        raise ValueError(f"config {config.get('name', '')!r} has no coevolution section: use configs/prereg_coevo.py")
+        raise ValueError(f"config {config.name!r} has no coevolution section: use configs/prereg_coevo.py")
     bad = [a for a in only if a not in ARMS]
     if bad:
         raise ValueError(f"coevolution: unknown arm(s) {bad} ({', '.join(ARMS)})")
@@ -128,10 +129,7 @@ def run_arms(config: Any, workdir: str, *, results: str | None = None, only: Seq
             continue
         summary = arm_loop(config, arm, os.path.abspath(workdir), progress=progress, console=console).run()
         rec = arm_record(arm, summary, config)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(rec, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(path + ".tmp", path)
+        write_text(path, json.dumps(rec, indent=1, sort_keys=True) + "\n")
         ran.append(arm)
     write_table(config, results)
     return ran

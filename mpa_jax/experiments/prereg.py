@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mpa_jax.files import write_text
+
 RL_ALGOS = ("care", "vanilla")
 
 
@@ -55,7 +57,7 @@ def results_dir(config: Any) -> str:
     from mpa_jax.start import repo_root
 
     if "prereg" not in config:
-        raise ValueError(f"config {config.get('name', '')!r} has no prereg section: use configs/prereg_rl.py")
+        raise ValueError(f"config {config.name!r} has no prereg section: use configs/prereg_rl.py")
     path = str(config.prereg.results)
     return path if os.path.isabs(path) else os.path.join(repo_root(), path)
 
@@ -100,11 +102,7 @@ def _commit() -> str:
 
 
 def _write_json(path: str, obj: Any) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+    write_text(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -190,10 +188,7 @@ def run_arm(config: Any, arm: dict[str, Any], workdir: str, results: str, progre
               "rl": rl, "refresh": {k: v for k, v in (refresh or {}).items() if isinstance(v, (int, float, str))} or None,
               "summary": summarise(task_outcomes(trajs)), "tasks": task_outcomes(trajs)}
     if metrics:
-        with open(os.path.join(results, f"{name}.metrics.jsonl.tmp"), "w", encoding="utf-8") as f:
-            for r in metrics:
-                f.write(json.dumps(r, sort_keys=True) + "\n")
-        os.replace(os.path.join(results, f"{name}.metrics.jsonl.tmp"), os.path.join(results, f"{name}.metrics.jsonl"))
+        write_text(os.path.join(results, f"{name}.metrics.jsonl"), "".join(json.dumps(r, sort_keys=True) + "\n" for r in metrics))
     _write_json(record_path(results, name), record)  # last: its existence means the arm is done
     return record
 
