@@ -10,14 +10,16 @@ sentence-transformers, vendor SDKs, ...) in a venv of its own, which the project
 2. The tasks: the same test scenarios as `mpa eval --env bfcl --split test --max-tasks N` (the env route's
    stratified selection from `config.envs.bfcl`'s scenario split), written as BFCL's
    `test_case_ids_to_generate.json` in a scratch BFCL_PROJECT_ROOT.
-3. `mpa serve --checkpoint CKPT --port 0 --served-model-name gpt-4o-2024-11-20`: the OpenAI-compatible server.
-   BFCL reaches a local OpenAI-compatible endpoint through its OpenAI handler: the registry name
-   `gpt-4o-2024-11-20-FC` is `OpenAICompletionsHandler` (function calling, `tools=`), whose client takes
-   OPENAI_BASE_URL / OPENAI_API_KEY from the environment and sends `model="gpt-4o-2024-11-20"` (hence the
-   served name). (`--skip-server-setup` with LOCAL_SERVER_ENDPOINT/PORT is the route of BFCL's OSS handlers,
-   which prompt through a Hugging Face tokenizer and the completions endpoint; the FC handler needs neither.)
-4. `bfcl generate --model gpt-4o-2024-11-20-FC --run-ids --temperature 0 --num-threads 1`, then
-   `bfcl evaluate --model gpt-4o-2024-11-20-FC --test-category multi_turn --partial-eval`: BFCL's own
+3. `mpa serve --checkpoint CKPT --port 0 --served-model-name openbmb/MiniCPM-SALA-FC`: the OpenAI-compatible
+   server. BFCL reaches an OpenAI-compatible endpoint through `OpenAICompletionsHandler` (function calling over
+   /v1/chat/completions with `tools=`; client from OPENAI_BASE_URL / OPENAI_API_KEY). Its only registry entry
+   with that handler is `openbmb/MiniCPM-SALA-FC` (BFCL's OpenAI entries use the Responses API, which mpa serve
+   lacks): that name is the label BFCL files results under and the model name it sends, hence the served name;
+   the weights are the checkpoint's. (`--skip-server-setup` with LOCAL_SERVER_ENDPOINT/PORT or
+   REMOTE_OPENAI_BASE_URL is the route of BFCL's OSS handlers, which build prompts with a Hugging Face tokenizer
+   and call the text completions endpoint; the FC handler needs neither.)
+4. `bfcl generate --model openbmb/MiniCPM-SALA-FC --run-ids --temperature 0 --num-threads 8`, then
+   `bfcl evaluate --model openbmb/MiniCPM-SALA-FC --test-category multi_turn --partial-eval`: BFCL's own
    inference loop (up to 20 steps per user turn, its own message assembly) and its own checker.
 5. The env route for the same greedy checkpoint: `mpa eval --checkpoint CKPT --env bfcl --split test
    --max-tasks N` (or an eval.json given with `--env-eval`). Prints both per category and `BENCH_ROW {json}`.
@@ -45,8 +47,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 WHEEL = "bfcl-eval==2026.3.23"
-REGISTRY_NAME = "gpt-4o-2024-11-20-FC"  # BFCL's OpenAI function-calling handler
-SERVED_NAME = "gpt-4o-2024-11-20"  # the model name that handler sends
+# BFCL's one registry entry whose handler is `OpenAICompletionsHandler` (function calling over
+# /v1/chat/completions, client from OPENAI_BASE_URL / OPENAI_API_KEY); its OpenAI entries (gpt-4o-...-FC) use
+# `OpenAIResponsesHandler`, i.e. the /v1/responses API, which `mpa serve` does not offer (a 404 on every
+# entry). The entry's name is only the label BFCL files the results under; the weights are the checkpoint's.
+REGISTRY_NAME = "openbmb/MiniCPM-SALA-FC"
+SERVED_NAME = REGISTRY_NAME  # the model name that handler sends (its ModelConfig.model_name)
 CATS = ("base", "miss_func", "miss_param", "long_context")
 
 
@@ -56,8 +62,11 @@ def ensure_venv(venv: str) -> str:
     if os.path.exists(exe):
         return exe
     print(f"bfcl_route: creating {venv} and installing {WHEEL} with its dependencies (minutes)...", flush=True)
-    subprocess.run([sys.executable if shutil.which("python3") is None else "python3", "-m", "venv", venv], check=True)
+    subprocess.run([shutil.which("python3") or sys.executable, "-m", "venv", venv], check=True)
     subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", WHEEL], check=True)
+    # BFCL's CLI imports qwen-agent (an unpinned dependency); qwen-agent 0.0.34 imports soundfile without
+    # declaring it, so `bfcl` fails to start without this (checked 2026-12-07)
+    subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", "soundfile"], check=True)
     return exe
 
 
@@ -72,20 +81,18 @@ def select_tasks(config_name: str, n: int) -> list:
 
 
 def start_server(checkpoint: str, log_path: str) -> tuple[subprocess.Popen, str]:
-    """`mpa serve` on a free port; (process, base URL) once it prints its address."""
+    """`mpa serve` on a free port, its output to `log_path`; (process, base URL) once it prints its address."""
     mpa = os.path.join(os.path.dirname(sys.executable), "mpa")
     log = open(log_path, "w")
     proc = subprocess.Popen([mpa, "serve", "--checkpoint", checkpoint, "--port", "0", "--served-model-name", SERVED_NAME],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
-    t0 = time.time()
-    for line in proc.stdout:  # type: ignore[union-attr]
-        log.write(line)
-        log.flush()
-        m = re.search(r"mpa serve: (http://\S+)", line)
+                            stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        with open(log_path) as f:
+            m = re.search(r"mpa serve: (http://\S+)", f.read())
         if m:
             return proc, m.group(1)
-        if time.time() - t0 > 900:
-            break
+        time.sleep(1)  # polling the log for the address line; the result does not depend on it
     proc.kill()
     raise RuntimeError(f"mpa serve did not start; see {log_path}")
 
@@ -138,6 +145,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", default="starter")
     ap.add_argument("--config", default="starter", help="the project config whose envs.bfcl split is used")
     ap.add_argument("--max-tasks", type=int, default=40)
+    ap.add_argument("--num-threads", type=int, default=8, help="BFCL's concurrent requests (mpa serve batches them)")
     ap.add_argument("--workdir", default=os.path.join(REPO, "runs", "bfcl_route"))
     ap.add_argument("--venv", default="", help="BFCL's venv (default <workdir>/venv)")
     ap.add_argument("--env-eval", default="", help="eval.json of the env route for the same checkpoint (default: run it)")
@@ -164,7 +172,7 @@ def main() -> None:
         t0 = time.time()
         with open(os.path.join(wd, "generate.log"), "w") as log:
             rc = subprocess.run([bfcl, "generate", "--model", REGISTRY_NAME, "--run-ids", "--temperature", "0",
-                                 "--num-threads", "1"], env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT).returncode
+                                 "--num-threads", str(args.num_threads)], env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT).returncode
         gen_s = time.time() - t0
         print(f"bfcl_route: bfcl generate rc {rc} in {gen_s:.0f} s", flush=True)
     finally:
