@@ -1,7 +1,9 @@
 """BFCL's own route next to the env route: `bfcl generate` against `mpa serve`, scored by `bfcl evaluate`.
 
     .venv/bin/python bench/bfcl_route.py --checkpoint starter [--max-tasks 40] [--workdir runs/bfcl_route]
-        [--venv runs/bfcl_route/venv] [--env-eval runs/x/eval.json]
+        [--venv runs/bfcl_route/venv] [--env-eval runs/x/eval.json] [--score-only] [--num-threads 8]
+
+Measured 2026-12-07 (docs/benchmark.md, "BFCL's own route"): the starter, 40 test entries, 0/40 on both routes.
 
 Not part of `make test`: it installs BFCL with its declared dependencies (numpy==1.26.4, torch through
 sentence-transformers, vendor SDKs, ...) in a venv of its own, which the project venv cannot hold.
@@ -149,6 +151,8 @@ def main() -> None:
     ap.add_argument("--workdir", default=os.path.join(REPO, "runs", "bfcl_route"))
     ap.add_argument("--venv", default="", help="BFCL's venv (default <workdir>/venv)")
     ap.add_argument("--env-eval", default="", help="eval.json of the env route for the same checkpoint (default: run it)")
+    ap.add_argument("--score-only", action="store_true",
+                    help="reuse <workdir>/bfcl_root's generated results: only `bfcl evaluate` and the comparison")
     args = ap.parse_args()
     wd = os.path.abspath(args.workdir)
     os.makedirs(wd, exist_ok=True)
@@ -159,25 +163,26 @@ def main() -> None:
     for t in tasks:
         ids[f"multi_turn_{t.metadata['bfcl_category']}"].append(t.metadata["bfcl_id"])
     root = os.path.join(wd, "bfcl_root")
-    shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(root)
-    with open(os.path.join(root, "test_case_ids_to_generate.json"), "w") as f:
-        json.dump(dict(ids), f, indent=1)
-    print(f"bfcl_route: {len(tasks)} test entries: " + ", ".join(f"{k} {len(v)}" for k, v in ids.items()), flush=True)
-
-    proc, url = start_server(args.checkpoint, os.path.join(wd, "serve.log"))
-    print(f"bfcl_route: mpa serve at {url}", flush=True)
-    env = dict(os.environ, BFCL_PROJECT_ROOT=root, OPENAI_BASE_URL=url + "/v1", OPENAI_API_KEY="unused")
-    try:
-        t0 = time.time()
-        with open(os.path.join(wd, "generate.log"), "w") as log:
-            rc = subprocess.run([bfcl, "generate", "--model", REGISTRY_NAME, "--run-ids", "--temperature", "0",
-                                 "--num-threads", str(args.num_threads)], env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT).returncode
-        gen_s = time.time() - t0
-        print(f"bfcl_route: bfcl generate rc {rc} in {gen_s:.0f} s", flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    env = dict(os.environ, BFCL_PROJECT_ROOT=root, OPENAI_API_KEY="unused")
+    if not args.score_only:
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root)
+        with open(os.path.join(root, "test_case_ids_to_generate.json"), "w") as f:
+            json.dump(dict(ids), f, indent=1)
+        print(f"bfcl_route: {len(tasks)} test entries: " + ", ".join(f"{k} {len(v)}" for k, v in ids.items()), flush=True)
+        proc, url = start_server(args.checkpoint, os.path.join(wd, "serve.log"))
+        print(f"bfcl_route: mpa serve at {url}", flush=True)
+        env["OPENAI_BASE_URL"] = url + "/v1"
+        try:
+            t0 = time.time()
+            with open(os.path.join(wd, "generate.log"), "w") as log:
+                rc = subprocess.run([bfcl, "generate", "--model", REGISTRY_NAME, "--run-ids", "--temperature", "0",
+                                     "--num-threads", str(args.num_threads)], env=env, cwd=root, stdout=log,
+                                    stderr=subprocess.STDOUT).returncode
+            print(f"bfcl_route: bfcl generate rc {rc} in {time.time() - t0:.0f} s", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
     with open(os.path.join(wd, "evaluate.log"), "w") as log:
         rc = subprocess.run([bfcl, "evaluate", "--model", REGISTRY_NAME, "--test-category", "multi_turn", "--partial-eval"],
                             env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -189,7 +194,7 @@ def main() -> None:
         out = os.path.join(wd, "env_route")
         subprocess.run([os.path.join(os.path.dirname(sys.executable), "mpa"), "eval", "--config", args.config,
                         "--checkpoint", args.checkpoint, "--env", "bfcl", "--split", "test", "--max-tasks", str(args.max_tasks),
-                        "--workdir", out], check=True, cwd=REPO)
+                        "--workdir", out, "--out", out], check=True, cwd=REPO)
         eval_json = os.path.join(out, "eval.json")
     ours = env_route(eval_json)
 

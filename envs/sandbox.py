@@ -7,9 +7,10 @@ ledger entry (agent, call, result or error, fault, row-level state diff, chained
 
 Episode end: a `message` action (answer, question or refusal to the user) or `finish` ends the episode;
 later actions get PRECONDITION_FAILED. Conversations (follow-up tasks, `task.metadata["followups"]`): while the
-user has turns left, a message is answered with the next one (`Feedback.user_turn`) and the episode goes on. Sub-agent tasks: `delegate(agent, instruction)` (an Action or a tool
-call named "delegate") makes that role the acting agent; plain tool calls are attributed to it and checked
-against its allow-list until the next delegation.
+user has turns left, a message is answered with the next one (`Feedback.user_turn`) and the episode goes on.
+
+Sub-agent tasks: `delegate(agent, instruction)` (an Action or a tool call named "delegate") makes that role the
+acting agent; plain tool calls are attributed to it and checked against its allow-list until the next delegation.
 """
 from __future__ import annotations
 
