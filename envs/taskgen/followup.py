@@ -90,7 +90,8 @@ def convert_then_text(ctx: Ctx) -> dict[str, Any]:
                      search_step(ctx, ENTITY_BY_NAME["contact"], c["name"]),
                      tc("send_sms", {"to": c["id"], "body": f"{fmt(v)} {a} is {r} {b}"}), done(ctx, f"I texted {c['name']}")],
             "verifier": {"goals": [sms_goal(c, r)]},
-            "metadata": {FOLLOWUPS_KEY: [ctx.choice([f"Now text that number to {c['name']}.", f"Send that to {c['name']}, please."])]}}
+            "metadata": {FOLLOWUPS_KEY: [ctx.choice([f"Now text that number to {c['name']}.",
+                                                     f"Send that to {c['name']}, please."])]}}
 
 
 def _register() -> None:
