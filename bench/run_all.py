@@ -268,8 +268,10 @@ NEEDS_ACCELERATOR = {"models_accel"}
 # experiment's outputs and world_shift is a success figure of a checkpoint (docs/experiments.md); rl_lift_gpu is an
 # experiment for a lent GPU (its figures go to docs/perf.md by hand; tests/integration/test_benches.py dry-runs it):
 # external_replay replays the external benchmarks' ground truth (counts, not speeds; tests/unit/test_bfcl.py and
-# test_agentdojo.py run it small): all are run by hand
-SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer", "world_shift", "rl_lift_gpu", "external_replay"}
+# test_agentdojo.py run it small); bfcl_route needs BFCL with its dependencies in its own venv (docs/benchmark.md):
+# all are run by hand
+SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer", "world_shift", "rl_lift_gpu", "external_replay",
+        "bfcl_route"}
 
 
 def benches() -> list[str]:

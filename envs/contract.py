@@ -36,7 +36,8 @@ DOMAINS: tuple[str, ...] = (
     "device_settings",
     "utilities",
 )
-CATEGORIES: tuple[str, ...] = ("tool_use", "memory", "skills", "subagent")
+# "followup": conversations, the user speaks again after the reply (envs/taskgen/followup.py)
+CATEGORIES: tuple[str, ...] = ("tool_use", "memory", "skills", "subagent", "followup")
 # Categories of external benchmarks run as env kinds (`envs/bfcl`, `envs/agentdojo`): each reports per its own
 # category, as the benchmark does (BFCL v4 multi-turn's four; AgentDojo's four suites).
 BENCHMARK_CATEGORIES: tuple[str, ...] = (

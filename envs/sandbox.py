@@ -6,9 +6,11 @@ ledger entry (agent, call, result or error, fault, row-level state diff, chained
 `step` never raises on a bad action: every problem becomes a typed error Feedback.
 
 Episode end: a `message` action (answer, question or refusal to the user) or `finish` ends the episode;
-later actions get PRECONDITION_FAILED. Sub-agent tasks: `delegate(agent, instruction)` (an Action or a tool
-call named "delegate") makes that role the acting agent; plain tool calls are attributed to it and checked
-against its allow-list until the next delegation.
+later actions get PRECONDITION_FAILED. Conversations (follow-up tasks, `task.metadata["followups"]`): while the
+user has turns left, a message is answered with the next one (`Feedback.user_turn`) and the episode goes on.
+
+Sub-agent tasks: `delegate(agent, instruction)` (an Action or a tool call named "delegate") makes that role the
+acting agent; plain tool calls are attributed to it and checked against its allow-list until the next delegation.
 """
 from __future__ import annotations
 
@@ -79,6 +81,7 @@ class SandboxEnv:
         self._rng = random.Random(stable_hash("faults", task.id, task.seed))
         self._tools = set(task.tools)
         self._roles = {k: set(v) for k, v in task.roles.items()}
+        self._followups = list(task.metadata.get("followups", ()))  # the user's later turns, revealed one per reply
         return observation(task, self.world.persona, task_tool_specs(task), self.context.format)
 
     def step(self, action: Any) -> Feedback:
@@ -160,6 +163,11 @@ class SandboxEnv:
                 if not isinstance(action.text, str) or not action.text.strip():
                     return self._record_error(call_id, "", {}, ErrorCode.INVALID_ARGUMENTS, "a message needs non-empty text", "", None)
                 self.final_message = action.text
+                if self._followups:  # the user speaks again: the conversation goes on
+                    turn = self._followups.pop(0)
+                    self._append({"type": "message", "agent": action.agent, "text": action.text, "call_id": call_id,
+                                  "user_turn": turn})
+                    return Feedback.next_user_turn(turn, call_id)
             self.done = True
             self._append({"type": action.kind, "agent": action.agent, "text": action.text, "call_id": call_id})
             return Feedback(call_id=call_id, status="ok", result={"episode": "ended"})

@@ -4,7 +4,8 @@ Most templates are derived from the catalog for every entity (entities.py: creat
 lookup, their memory, skill-family and sub-agent variants, and hard variants: faults, offline device,
 missing information); the rest are hand-written scenarios over the handler tools, one module per domain
 (utilities.py with the seed scenario, communication.py, navigation.py, shopping.py, payments.py, media.py,
-device.py) and composite.py for scenarios built from several domains' pieces.
+device.py), composite.py for scenarios built from several domains' pieces, and followup.py for conversations
+(the user's next turn after the planner's reply, category "followup").
 
 A template is `fn(ctx) -> dict | None` returning the task's instruction, gold plan, verifier and extras;
 None means "this instance cannot be built" (the generator draws another seed). Tools a task allows are
@@ -26,4 +27,5 @@ from mpa_jax.envs.taskgen import shopping  # noqa: F401,E402
 from mpa_jax.envs.taskgen import payments  # noqa: F401,E402
 from mpa_jax.envs.taskgen import media  # noqa: F401,E402
 from mpa_jax.envs.taskgen import device  # noqa: F401,E402
-from mpa_jax.envs.taskgen import composite  # noqa: F401,E402  (uses payments' transfer; registered last)
+from mpa_jax.envs.taskgen import composite  # noqa: F401,E402  (uses payments' transfer)
+from mpa_jax.envs.taskgen import followup  # noqa: F401,E402  (conversations; after every single-request template)

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from mpa_jax.eval.tasks import template_group
 
-CATEGORY_NAMES = {"tool_use": "Tool Use", "memory": "Memory", "skills": "Skills", "subagent": "Sub-agent"}
+CATEGORY_NAMES = {"tool_use": "Tool Use", "memory": "Memory", "skills": "Skills", "subagent": "Sub-agent", "followup": "Follow-up"}
 
 
 @dataclasses.dataclass(frozen=True)

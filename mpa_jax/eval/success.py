@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 from mpa_jax.eval.evaluator import Evaluator, default_ks
 from mpa_jax.eval.metrics import eval_metrics, pass_at_k_metrics, passk_view, success_view
 
-CATEGORIES = ("tool_use", "memory", "skills", "subagent")
+CATEGORIES = ("tool_use", "memory", "skills", "subagent", "followup")
 
 
 def pass_ks(samples: int, ks: Sequence[int] = ()) -> tuple[int, ...]:

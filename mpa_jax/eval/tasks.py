@@ -25,6 +25,11 @@ HASHED_FIELDS = ("id", "domain", "category", "difficulty", "instruction", "tools
                  "initial_state", "faults", "template", "split", "seed", "persona_seed", "metadata")
 
 
+# The categories the list was drawn from when it was registered: categories added since (conversations,
+# "followup") are outside it, so the recorded recipe still rebuilds the same 600 tasks.
+PREREGISTERED_CATEGORIES = ("tool_use", "memory", "skills", "subagent")
+
+
 class PreregisteredError(ValueError):
     """The pre-registered test set cannot be rebuilt as registered, or was asked for where it must not be."""
 
@@ -72,16 +77,18 @@ def stratified(tasks: Sequence[Any], n: int) -> list[Any]:
 
 
 def select_tasks(split: str, *, n: int = 0, n_seen: int = 0, n_held_out: int = 0, seed: int = 0,
-                 per_template: int = 0) -> list[Any]:
+                 per_template: int = 0, categories: Sequence[str] | None = None) -> list[Any]:
     """Tasks of `split` (a split name or a task JSONL): `n_seen` of templates seen in training followed by
     `n_held_out` of held-out templates when either is set, else `n` of all (0 = every task); each part
-    stratified over (domain, category)."""
+    stratified over (domain, category). `categories`: only tasks of these (None = all)."""
     from mpa_jax.envs import load_tasks
 
     if split == PREREGISTERED:
         raise PreregisteredError(f"select_tasks({split!r}): the pre-registered test set is not a split to select from; "
                                  "evaluation code reads it through evaluation_tasks()")
     tasks = load_tasks(split, seed=seed, per_template=per_template)
+    if categories is not None:
+        tasks = [t for t in tasks if t.category in categories]
     if n_seen or n_held_out:
         ho = held_out_templates()
         seen = [t for t in tasks if t.template not in ho]
@@ -111,7 +118,8 @@ def build_preregistered(*, split: str = "test", seed: int = 0, per_template: int
     of the seen part and the first `demo_held_out` of the held-out part (a stratified order: spread too)."""
     if split == PREREGISTERED:
         raise PreregisteredError("build_preregistered: split must be a benchmark split")
-    tasks = select_tasks(split, n_seen=n_seen, n_held_out=n_held_out, seed=seed, per_template=per_template)
+    tasks = select_tasks(split, n_seen=n_seen, n_held_out=n_held_out, seed=seed, per_template=per_template,
+                         categories=PREREGISTERED_CATEGORIES)
     entries = [{"id": t.id, "template": t.template, "group": template_group(t.template), "domain": t.domain,
                 "category": t.category, "sha256": task_digest(t)} for t in tasks]
     seen = [e["id"] for e in entries if e["group"] == "seen"]

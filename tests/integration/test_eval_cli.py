@@ -43,7 +43,7 @@ def test_eval_writes_metrics_for_k_runs(tmp_path, cache):
     c = o["cost_per_1k_tasks"]
     assert set(c) == {"input_tokens", "output_tokens", "tool_calls", "device_seconds", "total"}
     assert c["input_tokens"] > 0 and c["output_tokens"] > 0 and c["total"] > o["cost_per_1k_tasks_output_only"]
-    assert set(m["by_category"]) <= {"Tool Use", "Memory", "Skills", "Sub-agent"} and m["by_domain"]
+    assert set(m["by_category"]) <= {"Tool Use", "Memory", "Skills", "Sub-agent", "Follow-up"} and m["by_domain"]
     assert "output tokens only" in res.stdout and "pass^2" in res.stdout and "pass@2" in res.stdout
 
 

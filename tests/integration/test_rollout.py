@@ -49,7 +49,7 @@ def test_sampled_rollouts_logprobs_match_learner_on_the_whole_trajectory(setup):
     m = eval_metrics(trajs)
     assert len(trajs) == 4 and m["episodes"] == 4
     assert m["overall"]["tasks"] + m["infra_failures"] == 4
-    assert set(m["by_category"]) <= {"Tool Use", "Memory", "Skills", "Sub-agent"}
+    assert set(m["by_category"]) <= {"Tool Use", "Memory", "Skills", "Sub-agent", "Follow-up"}
     assert sum(b["tasks"] for b in m["by_category"].values()) == m["overall"]["tasks"]
     cfg, params = engine.cfg, engine.params
     width = max(len(t.tokens) for t in trajs)

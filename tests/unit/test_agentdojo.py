@@ -19,21 +19,7 @@ from mpa_jax.rollout.runner import EpisodeConfig, run_episodes
 from mpa_jax.rollout.testing import ScriptedEngine
 
 
-@pytest.fixture(scope="module")
-def env():
-    e = make_env("agentdojo")
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def all_tasks(env):
-    return env.tasks("all")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
+BENCH_KIND = "agentdojo"  # the env / all_tasks / tok fixtures: tests/unit/conftest.py
 
 
 def test_counts_and_splits_by_user_task(env, all_tasks):

@@ -24,21 +24,7 @@ from mpa_jax.rollout.testing import ScriptedEngine
 UTILS = "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils"
 
 
-@pytest.fixture(scope="module")
-def env():
-    e = make_env("bfcl")
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def all_tasks(env):
-    return env.tasks("all")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
+BENCH_KIND = "bfcl"  # the env / all_tasks / tok fixtures: tests/unit/conftest.py
 
 
 def _cached_instances() -> list[str]:

@@ -26,12 +26,12 @@ from mpa_jax.envs.tools import DELEGATE_SPEC, TOOLS, TRANSFER_LIMIT
 
 # Regenerate with `python tests/unit/test_envs_fingerprint.py` (see the module docstring).
 PINNED = {
-    "templates": "168af5919830597e6f96ea4890360b9e7bf7a758d2ed2a7b1b2c82dd4720d7ce",
-    "tasks-train-n1": "ef55f037584250b9f3b5fd635cf118c12bbfc3679f5b7c7ae3da4f242228d00f",
-    "tasks-dev-n1": "1b739d02baba804dd0913b51129378565f310f3020c6d25bd1e03b45654a2645",
-    "tasks-test-n1": "1deccddd16d4cb54d66f453e5616349802a4a27ed93bfc96b2c80bf24b52a5af",
+    "templates": "fa223386a1415821f3eb41b8d9cef4eee2103123d5485afcc3dc8553ca1601fb",
+    "tasks-train-n1": "3250ac15f8e42a43784fc77d69b682594bf13216926c2491bccff8c82e93aeb9",
+    "tasks-dev-n1": "462e054ed611f0bde934eca61903c9bc1c9dcc8e965142e27bad5ae1fcf59c1d",
+    "tasks-test-n1": "6e144ad0ddd560cef7d573179b787e3888eb55b520fac65bdf1299919292f634",
     "catalog": "6c47bbd80d128ef7d25161b7a131c811f8ced3888f86084e91a942f967601245",
-    "oracle-dev-n1": "598a6f1565c55d857956a3a4d490b627c9e2dcd164ba50dd9022f5ac8c25e681",
+    "oracle-dev-n1": "761a07db18ec316523dca3b7ce7bf3913b863aabb8a249b23b314ce23a913593",
     "probes": "b34f61ef4fa2bf09d28339b3c952092435ed2c903a5756fdfd64a96b23274925",
 }
 

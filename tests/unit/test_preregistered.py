@@ -81,7 +81,8 @@ def test_the_committed_list_rebuilds_exactly_and_is_stratified(doc):
     assert groups == {"seen": rb["n_seen"], "held_out": rb["n_held_out"]} and len({e["id"] for e in doc["tasks"]}) == 600
     for g in ("seen", "held_out"):  # stratified: every domain and every category in both parts
         part = [e for e in doc["tasks"] if e["group"] == g]
-        assert {e["domain"] for e in part} == set(DOMAINS) and {e["category"] for e in part} == set(CATEGORIES)
+        assert {e["domain"] for e in part} == set(DOMAINS) and {e["category"] for e in part} == set(et.PREREGISTERED_CATEGORIES)
+    assert set(et.PREREGISTERED_CATEGORIES) <= set(CATEGORIES)  # categories added later (followup) stay outside it
     tasks = et.preregistered_tasks()
     assert [t.id for t in tasks] == [e["id"] for e in doc["tasks"]] and all(t.split == "test" for t in tasks)
     # the demo's / loop's 48: the first 32 of the seen part and the first 16 of the held-out part
