@@ -27,3 +27,4 @@ from mpa_jax.envs.taskgen import payments  # noqa: F401,E402
 from mpa_jax.envs.taskgen import media  # noqa: F401,E402
 from mpa_jax.envs.taskgen import device  # noqa: F401,E402
 from mpa_jax.envs.taskgen import composite  # noqa: F401,E402  (uses payments' transfer; registered last)
+from mpa_jax.envs.taskgen import injection  # noqa: F401,E402  (prompt-injection scenarios, issue 52; registered last)
