@@ -3,12 +3,14 @@
 Trusted, in the CaMeL sense of "may reach a sink":
 - what the user said (the request, earlier turns, follow-up user turns); the env's own error messages (the
   device/OS speaking, e.g. "cellular is off") count for a tool's purpose words only, never as values;
-- structured values (ids, numbers, names, addresses: strings of at most `FREE_TEXT_WORDS` words, no newline) of a
-  tool result whose call used only trusted argument values (a read the user's request led to);
-- free text of such a result (message bodies, files, web pages) only for a sink whose purpose the user stated
-  (`doc_trusted`), and without the segments `instruction_spans` flags: text that addresses the agent with orders.
+- structured values (ids, numbers, names, addresses, dict keys: strings of at most `FREE_TEXT_WORDS` words, no
+  newline) of a tool result whose call used only trusted argument values (a read the user's request led to);
+- the text of a document the user named (a call argument the user wrote in quotes, or a file name or URL the user
+  wrote: "pay the bill 'bill-december-2023.txt'"), only for a sink whose purpose the user stated, and without the
+  segments `instruction_spans` flags (text that addresses the agent with orders).
 
-Everything else (values only inside free text, results of calls steered by untrusted values) is untrusted. Matching
+Everything else (values only inside free text of documents the user did not name, results of calls steered by
+untrusted values) is untrusted. Matching
 is by normalised string (case, spaces; phone numbers by digits) or, inside text, on word boundaries; numbers match
 numerically.
 """
@@ -22,13 +24,12 @@ FREE_TEXT_WORDS = 6  # a string with more words than this (or a newline) is free
 # Text that addresses the agent with orders: the openings of injected instructions (AgentDojo's attacks and the
 # usual variants). A flagged span runs from its paragraph to a closing </information> tag or the text's end.
 INSTRUCTION = re.compile(
-    r"<\s*information\s*>|\bignore\b[^.\n]{0,40}\b(instructions?|previous|prior|above|earlier)\b|\bdisregard\b|\bTODO\s*:"
+    r"<\s*information\s*>|\bignore\b[^.\n]{0,40}\b(instructions?|previous|prior|above|earlier)\b|\bdisregard\b"
     r"|\bimportant (message|instructions?|notice)\b|\bbefore you (can )?(solve|continue|do|answer|finish)\b"
     r"|\b(ai|language) (model|assistant|agent)\b|\b(dear|attention|note to( the)?|hey) (assistant|agent|ai|bot)\b"
     r"|\b(assistant|agent)\s*[,:]|\bnew (instructions?|task)\b|\bsystem (message|notice|override|prompt)\b"
     r"|\b(admin|security|it) (notice|override|instruction)\b|\binstead,? (you (must|should)|please)\b"
     r"|\byou (must|are required to|need to) (now |first |immediately )?(send|text|pay|transfer|forward|email|turn|enable|disable|share|call)\b"
-    r"|\b(could|can|would|will) you (also |please )?(send|text|email|forward|pay|transfer|turn|share|post|invite)\b"
     r"|\bdo not (tell|inform|mention)\b[^.\n]{0,30}\buser\b|\bwithout (asking|telling|informing)\b",
     re.IGNORECASE)
 CLOSE = re.compile(r"<\s*/\s*information\s*>", re.IGNORECASE)
@@ -38,6 +39,13 @@ URL = re.compile(r"(?:https?://|www\.)[^\s<>\"')]+|\b[\w-]+(?:\.[\w-]+)*\.(?:com
 PHONE = re.compile(r"\+?\d[\d\s().-]{6,}\d")
 IBAN = re.compile(r"\b[A-Z]{2}\d{2}[A-Z0-9]{10,30}\b")
 NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
+# The user points the agent at data as the source of the details (the brief's "data the user asked to read for that
+# purpose"): then values in that data may reach the purposed sinks.
+DELEGATION = re.compile(r"\b(find (the |all the )?(details|info|information)|details (are )?in|(listed|mentioned|written|described) (in|on)"
+                        r"|according to|accordingly|follow the instructions|in (the|my|his|her|their) (message|email|file|note|"
+                        r"document|inbox|channel|list|todo)|find (a|the) (message|email|file))\b", re.IGNORECASE)
+DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}")
+FILE = re.compile(r"\.[a-z0-9]{2,4}$", re.IGNORECASE)
 
 
 def norm(s: str) -> str:
@@ -82,7 +90,7 @@ def strip_instructions(text: str) -> str:
 
 def entities(text: str) -> list[str]:
     """Address-like entities in a text: emails, URLs, phone numbers, IBANs (what a content sink checks)."""
-    found = EMAIL.findall(text) + IBAN.findall(text) + [p for p in PHONE.findall(text) if len(digits(p)) >= 7]
+    found = EMAIL.findall(text) + IBAN.findall(text) + [p for p in PHONE.findall(text) if len(digits(p)) >= 7 and not DATE.search(p)]
     emails = set(EMAIL.findall(text))
     found += [u for u in URL.findall(text) if not any(u in e for e in emails)]
     return list(dict.fromkeys(x.rstrip(".,;:") for x in found))
@@ -98,6 +106,18 @@ def scalars(obj: Any) -> Iterable[Any]:
             yield from scalars(v)
     elif obj is not None:
         yield obj
+
+
+def keys(obj: Any) -> Iterable[str]:
+    """Every string key of a JSON-like value's dicts (AgentDojo keys some maps by email address)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if isinstance(k, str):
+                yield k
+            yield from keys(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from keys(v)
 
 
 def parse_result(result: Any) -> Any:
@@ -142,11 +162,29 @@ class Provenance:
         if text:
             self.env_text.append(str(text))
 
+    def named(self, call_args: Any) -> bool:
+        """Whether a call reads a document the user named: one of its string arguments is written in the user's
+        turns in quotes, or is a file name or URL the user wrote; or the user sends the agent to data for details
+        (`DELEGATION`: "you can find the details in the message from Bob") and the argument is one the user wrote."""
+        said = " ".join(self.user_text)
+        delegated = DELEGATION.search(said) is not None
+        for v in scalars(call_args):
+            if not isinstance(v, str) or len(v) < 3:
+                continue
+            quoted = re.search(r"[\"'`\u2018\u201c]" + re.escape(v) + r"[\"'`\u2019\u201d]", said, re.IGNORECASE)
+            if quoted or ((FILE.search(v) or URL.fullmatch(v) or delegated) and _contains(norm(said), norm(v))):
+                return True
+        return False
+
     def observe_result(self, call_args: Any, result: Any) -> None:
-        """A tool result: trusted as data only when the call's own argument values were trusted."""
-        if not all(self.trusted(v, doc=True) for v in scalars(call_args)):
+        """A tool result: trusted as data only when the call's own argument values were trusted; its text counts
+        (for purposed sinks) only when the user named the document."""
+        # selectors (ids, names, queries) decide what is read; free-text arguments (content being written) do not
+        if not all(self.trusted(v, doc=True) for v in scalars(call_args) if not (isinstance(v, str) and is_free_text(v))):
             return
-        for v in scalars(parse_result(result)):
+        named = self.named(call_args)
+        data = parse_result(result)
+        for v in list(scalars(data)) + list(keys(data)):
             if isinstance(v, bool):
                 continue
             if isinstance(v, (int, float)):
@@ -157,9 +195,12 @@ class Provenance:
             if is_free_text(s):
                 spans = instruction_spans(s)
                 self.flagged += [s[a:b] for a, b in spans]
-                self.docs.append(strip_instructions(s))
+                if named:
+                    self.docs.append(strip_instructions(s))
             else:
                 self.values.add(norm(s))
+                if named:
+                    self.docs.append(s)
                 if PHONE.fullmatch(s.strip()) and len(digits(s)) >= 7:
                     self.values.add(digits(s))
 
