@@ -82,32 +82,34 @@ def run(planner: str, env: Any, task: Task) -> Verification:
 
 def measure(tasks: list[Task], clean: list[Task], make_env: Callable[[], Any], planners: tuple[str, ...],
             defenses: tuple[str, ...], group: Callable[[Task], str]) -> dict[str, Any]:
-    """Per planner x defense x group: utility (on `clean`), utility under attack and ASR (on `tasks`)."""
+    """Per planner x defense x group: utility (on `clean`), utility under attack and ASR (on `tasks`). Task-major,
+    so that an attacked environment is loaded once for every planner and defense."""
+    configs = [(p, d) for p in planners for d in defenses]
+    util: dict[tuple[str, str], dict[str, list[bool]]] = {c: collections.defaultdict(list) for c in configs}
+    ua: dict[tuple[str, str], dict[str, list[bool]]] = {c: collections.defaultdict(list) for c in configs}
+    asr: dict[tuple[str, str], dict[str, list[bool]]] = {c: collections.defaultdict(list) for c in configs}
+    for t in clean:
+        for p, d in configs:
+            util[p, d][group(t)].append(bool(run(p, GuardedEnv(make_env(), SecurityConfig(defense=d)), t).success))
+    for t in tasks:
+        for p, d in configs:
+            v = run(p, GuardedEnv(make_env(), SecurityConfig(defense=d)), t)
+            ua[p, d][group(t)].append(bool(v.success))
+            asr[p, d][group(t)].append(attacker_reached(t, v))
     out: dict[str, Any] = {}
-    for p in planners:
-        for d in defenses:
-            cfg = SecurityConfig(defense=d)
-            util: dict[str, list[bool]] = collections.defaultdict(list)
-            for t in clean:
-                util[group(t)].append(bool(run(p, GuardedEnv(make_env(), cfg), t).success))
-            ua: dict[str, list[bool]] = collections.defaultdict(list)
-            asr: dict[str, list[bool]] = collections.defaultdict(list)
-            for t in tasks:
-                v = run(p, GuardedEnv(make_env(), cfg), t)
-                ua[group(t)].append(bool(v.success))
-                asr[group(t)].append(attacker_reached(t, v))
-            rows = {}
-            for g in sorted(set(util) | set(ua)):
-                rows[g] = {"utility": _rate(util[g]), "n_clean": len(util[g]), "utility_under_attack": _rate(ua[g]),
-                           "asr": _rate(asr[g]), "n_attacked": len(ua[g])}
-            allu = [x for xs in util.values() for x in xs]
-            alla = [x for xs in ua.values() for x in xs]
-            alls = [x for xs in asr.values() for x in xs]
-            rows["all"] = {"utility": _rate(allu), "n_clean": len(allu), "utility_under_attack": _rate(alla),
-                           "asr": _rate(alls), "n_attacked": len(alla)}
-            out[f"{p}/{d}"] = rows
-            print(f"  {p:9s} {d:12s} utility {rows['all']['utility']:.3f} (n={len(allu)})  under attack "
-                  f"{rows['all']['utility_under_attack']:.3f}  ASR {rows['all']['asr']:.3f} (n={len(alla)})", flush=True)
+    for c in configs:
+        rows = {}
+        for g in sorted(set(util[c]) | set(ua[c])):
+            rows[g] = {"utility": _rate(util[c][g]), "n_clean": len(util[c][g]), "utility_under_attack": _rate(ua[c][g]),
+                       "asr": _rate(asr[c][g]), "n_attacked": len(ua[c][g])}
+        allu = [x for xs in util[c].values() for x in xs]
+        alla = [x for xs in ua[c].values() for x in xs]
+        alls = [x for xs in asr[c].values() for x in xs]
+        rows["all"] = {"utility": _rate(allu), "n_clean": len(allu), "utility_under_attack": _rate(alla), "asr": _rate(alls),
+                       "n_attacked": len(alla)}
+        out["/".join(c)] = rows
+        print(f"  {c[0]:9s} {c[1]:12s} utility {rows['all']['utility']:.3f} (n={len(allu)})  under attack "
+              f"{rows['all']['utility_under_attack']:.3f}  ASR {rows['all']['asr']:.3f} (n={len(alla)})", flush=True)
     return out
 
 
@@ -132,7 +134,10 @@ def agentdojo_tasks(split: str, attack: str, injection_tasks: int = 0) -> tuple[
 
     base = AgentDojoEnv().tasks(split)
     clean = [t for t in base if candidates(t.metadata["benchmark_version"], t.metadata["suite"], t.metadata["user_task"])]
-    return attack_tasks(clean, attack, injection_tasks=injection_tasks), clean
+    tasks = attack_tasks(clean, attack, injection_tasks=injection_tasks)
+    # Injection tasks whose ground truth makes no call (workspace 6-13: no ground truth in v1.2.2; travel 6: a sentence
+    # in the answer) cannot be carried out by the gullible double; they are left out of every planner's figures.
+    return [t for t in tasks if t.metadata["injection"]["attacker_calls"]], clean
 
 
 def main(argv: list[str] | None = None) -> int:
