@@ -26,12 +26,12 @@ from mpa_jax.envs.tools import DELEGATE_SPEC, TOOLS, TRANSFER_LIMIT
 
 # Regenerate with `python tests/unit/test_envs_fingerprint.py` (see the module docstring).
 PINNED = {
-    "templates": "168af5919830597e6f96ea4890360b9e7bf7a758d2ed2a7b1b2c82dd4720d7ce",
-    "tasks-train-n1": "ef55f037584250b9f3b5fd635cf118c12bbfc3679f5b7c7ae3da4f242228d00f",
-    "tasks-dev-n1": "1b739d02baba804dd0913b51129378565f310f3020c6d25bd1e03b45654a2645",
-    "tasks-test-n1": "1deccddd16d4cb54d66f453e5616349802a4a27ed93bfc96b2c80bf24b52a5af",
+    "templates": "3439b7b8f4d47b7f32f4b48119e2509691ec7787635268325869afad08b17dfe",
+    "tasks-train-n1": "03037b8489411a886c592a0f78af0116759c877c541c78d42f6cd0d66f5f1fc9",
+    "tasks-dev-n1": "85df72bc3063c9bd2285fdada12a8976a891633d8bc98a276433534ac6963091",
+    "tasks-test-n1": "ca01eee20068833060a1b9d61317d49c3bc4374d5f4a21512ba8fb297fcaf5a9",
     "catalog": "6c47bbd80d128ef7d25161b7a131c811f8ced3888f86084e91a942f967601245",
-    "oracle-dev-n1": "598a6f1565c55d857956a3a4d490b627c9e2dcd164ba50dd9022f5ac8c25e681",
+    "oracle-dev-n1": "3ad77313b3556aa7e405587225fa8ae7215e7f2a8c5d904627acf322e7a12dea",
     "probes": "b34f61ef4fa2bf09d28339b3c952092435ed2c903a5756fdfd64a96b23274925",
 }
 
