@@ -44,9 +44,10 @@ def candidates(version: str, suite_name: str, user_task_id: str) -> list[str]:
         return []
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=512)
 def injected_environment(version: str, suite_name: str, injections_json: str) -> Any:
-    """The suite's environment with these injections (AgentDojo's loader; cached: a YAML parse takes up to ~1.6 s)."""
+    """The suite's environment with these injections (AgentDojo's loader; cached, a few MB each: a YAML parse takes up
+    to ~1.6 s, and a measurement runs every pair under several planners and defenses)."""
     suite = data.suites(version)[suite_name]
     return data.default_environment(suite, json.loads(injections_json))
 

@@ -106,7 +106,8 @@ class GuardedEnv:
         obs = self.env.reset(task)
         self.prov, self.refused, self.allowed_tools = Provenance(), [], None
         d = self.cfg.defense
-        self.policy = load_policy(self.cfg.policy or policy_for(self.kind, task.metadata)) if d == "policy" else None
+        name = self.cfg.policy or policy_for(self.kind, task.metadata)
+        self.policy = load_policy(name) if d == "policy" and name else None
         messages = [dict(m) for m in obs["messages"]]
         for m in messages:
             if m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str):

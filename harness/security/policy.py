@@ -127,14 +127,18 @@ def load_policy(name: str, policy_dir: str = POLICY_DIR) -> Policy:
         return parse_policy(json.load(f), path, man["version"])
 
 
+POLICY_KINDS = {"sandbox": "sandbox", "adb": "sandbox"}  # the device runs the sandbox's tools
+
+
 def policy_for(kind: str, task_metadata: dict[str, Any] | None = None) -> str:
-    """The policy name for an env kind (an AgentDojo task's suite picks its suite's policy)."""
+    """The policy name for an env kind (an AgentDojo task's suite picks its suite's policy); "" for a kind with no
+    policy yet (bfcl, simulated: their results are still marked as data)."""
     if kind == "agentdojo":
         suite = (task_metadata or {}).get("suite")
         if not suite:
             raise PolicyError("an agentdojo task without metadata.suite has no policy")
         return f"agentdojo_{suite}"
-    return "sandbox"
+    return POLICY_KINDS.get(kind, "")
 
 
 def release(version: str, by: str, note: str, policy_dir: str = POLICY_DIR) -> dict[str, Any]:
