@@ -90,9 +90,11 @@ def strip_instructions(text: str) -> str:
 
 def entities(text: str) -> list[str]:
     """Address-like entities in a text: emails, URLs, phone numbers, IBANs (what a content sink checks)."""
-    found = EMAIL.findall(text) + IBAN.findall(text) + [p for p in PHONE.findall(text) if len(digits(p)) >= 7 and not DATE.search(p)]
+    found = EMAIL.findall(text) + IBAN.findall(text)
     emails = set(EMAIL.findall(text))
     found += [u for u in URL.findall(text) if not any(u in e for e in emails)]
+    # a digit run inside an IBAN, address or URL is not a phone number of its own
+    found += [p for p in PHONE.findall(text) if len(digits(p)) >= 7 and not DATE.search(p) and not any(p in f for f in found)]
     return list(dict.fromkeys(x.rstrip(".,;:") for x in found))
 
 
