@@ -44,6 +44,9 @@ NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
 DELEGATION = re.compile(r"\b(find (the |all the )?(details|info|information)|details (are )?in|(listed|mentioned|written|described) (in|on)"
                         r"|according to|accordingly|follow the instructions|in (the|my|his|her|their) (message|email|file|note|"
                         r"document|inbox|channel|list|todo)|find (a|the) (message|email|file))\b", re.IGNORECASE)
+ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[ T]\d{2}:\d{2}(?::\d{2})?)?$")
+MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october", "november",
+          "december")
 DATE = re.compile(r"\d{4}-\d{2}-\d{2}|\d{1,2}:\d{2}")
 FILE = re.compile(r"\.[a-z0-9]{2,4}$", re.IGNORECASE)
 
@@ -61,17 +64,18 @@ def is_free_text(s: str) -> bool:
 
 
 def instruction_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans of `text` that give the agent orders (see INSTRUCTION): from the start of the paragraph of
-    each match to the next closing tag, else to the end of the text."""
+    """Character spans of `text` that give the agent orders (see INSTRUCTION): from the start of the sentence of each
+    match to the next closing tag, else to the end of its paragraph (a blank line), else of the text."""
     spans: list[tuple[int, int]] = []
     pos = 0
     while True:
         m = INSTRUCTION.search(text, pos)
         if m is None:
             return spans
-        start = text.rfind("\n", 0, m.start()) + 1
+        start = max(text.rfind("\n", pos, m.start()) + 1, *(text.rfind(p, pos, m.start()) + 2 for p in (". ", "! ", "? ")))
         close = CLOSE.search(text, m.end())
-        end = close.end() if close else len(text)
+        para = text.find("\n\n", m.end())
+        end = close.end() if close else para if para >= 0 else len(text)
         spans.append((start, end))
         pos = end
         if pos >= len(text):
@@ -226,9 +230,23 @@ class Provenance:
             return True
         if NUMBER.fullmatch(s.replace(",", "")):
             return self._number(float(s.replace(",", "")), doc)
+        iso = ISO_DATE.match(s)
+        if iso:
+            return self._date(int(iso.group(2)), int(iso.group(3)), iso.group(0)[:10], doc)
         texts = self.user_text + (self.docs if doc else [])
         return any(_contains(norm(t), n) for t in texts) or (
             len(digits(s)) >= 7 and not re.search(r"[a-z]", n) and any(digits(s) in digits(t) for t in texts if PHONE.search(t)))
+
+    def _date(self, month: int, day: int, iso: str, doc: bool) -> bool:
+        """An ISO date (a time after it goes with it): written as such, or as its month's name and its day within a
+        few words of each other ("January 2nd", "the 13th to the 17th of May")."""
+        texts = self.user_text + (self.docs if doc else [])
+        if iso in self.values or any(iso in t for t in texts):
+            return True
+        name = MONTHS[month - 1]
+        near = re.compile(rf"\b{name[:3]}[a-z]*\.?\W+(\w+\W+){{0,2}}{day}(st|nd|rd|th)?\b|\b{day}(st|nd|rd|th)?\W+(\w+\W+){{0,4}}{name[:3]}",
+                          re.IGNORECASE)
+        return any(near.search(t) for t in texts)
 
     def _number(self, x: float, doc: bool) -> bool:
         if any(abs(x - y) <= 0.005 for y in self.numbers):
