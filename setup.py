@@ -44,8 +44,9 @@ setup(
         "mpa_jax.envs": "envs",
         "mpa_jax.harness": "harness",
     },
-    # the shipped skills and the pre-registered test list; envs has no data files
-    package_data={"mpa_jax.harness": ["skills/*.json"], "mpa_jax.eval": ["preregistered_test.json"]},
+    # the shipped skills, the sink policies and the pre-registered test list; envs has no data files
+    package_data={"mpa_jax.harness": ["skills/*.json"], "mpa_jax.harness.security": ["policies/*.json", "policies/*.md"],
+                  "mpa_jax.eval": ["preregistered_test.json"]},
     install_requires=CORE,
     extras_require={
         "test": [

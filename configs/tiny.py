@@ -276,6 +276,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.loop.release_gate_tasks = 24  # a released harness version must not lower success on this many train tasks (0 = no gate)
     c.loop.export_dtype = "bfloat16"
 
+    # Prompt-injection defense (harness/security, docs/security.md): every env the runner makes is wrapped by GuardedEnv.
+    c.security = ml_collections.ConfigDict()
+    c.security.enabled = True
+    c.security.defense = "policy"  # policy: data marking + sink policy (ours) | spotlight | pi_detector | tool_filter | none
+    c.security.policy = ""  # a released policy (harness/security/policies); "" = by env kind (sandbox, agentdojo_<suite>)
+
     # Harness (DESIGN §5): the runtime between planner and env. enabled=False: raw planner + env (ablations).
     c.harness = ml_collections.ConfigDict()
     c.harness.enabled = False

@@ -15,9 +15,11 @@ unchanged). `data.suites(version)[suite].injection_tasks` and `.get_injection_ve
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mpa_jax.envs.agentdojo import data
+from mpa_jax.envs.agentdojo.attacks import injected_environment
 from mpa_jax.envs.context import ContextFormat, compact_tools
 from mpa_jax.envs.contract import Action, Check, ErrorCode, Feedback, Task, ToolSpec, Verification
 
@@ -53,7 +55,9 @@ class AgentDojoEnv:
         self.task = task
         self.suite = data.suites(self.version)[task.metadata["suite"]]
         self.user_task = self.suite.get_user_task_by_id(task.metadata["user_task"])
-        env = data.default_environment(self.suite, task.metadata.get("injections"))
+        inj = task.metadata.get("injections")
+        env = injected_environment(self.version, task.metadata["suite"], json.dumps(inj, sort_keys=True)).model_copy(deep=True) \
+            if inj else data.default_environment(self.suite)  # injected: AgentDojo's loader, cached (envs/agentdojo/attacks.py)
         self.env = self.user_task.init_environment(env)
         self.pre = self.env.model_copy(deep=True)
         self.runtime = FunctionsRuntime(self.suite.tools)

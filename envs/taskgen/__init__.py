@@ -29,3 +29,4 @@ from mpa_jax.envs.taskgen import media  # noqa: F401,E402
 from mpa_jax.envs.taskgen import device  # noqa: F401,E402
 from mpa_jax.envs.taskgen import composite  # noqa: F401,E402  (uses payments' transfer)
 from mpa_jax.envs.taskgen import followup  # noqa: F401,E402  (conversations; after every single-request template)
+from mpa_jax.envs.taskgen import injection  # noqa: F401,E402  (prompt-injection scenarios, issue 52; registered last)

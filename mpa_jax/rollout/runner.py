@@ -141,7 +141,12 @@ class EnvFactory:
             return self._make(kind)
         from mpa_jax.envs import make_env
 
-        return make_env(kind, config=self.config, context=self.context)
+        env = make_env(kind, config=self.config, context=self.context)
+        if self.config is not None and self.config.security.enabled:  # the injection defense (docs/security.md)
+            from mpa_jax.harness.security.guard import GuardedEnv, SecurityConfig
+
+            env = GuardedEnv(env, SecurityConfig.from_config(self.config))
+        return env
 
 
 @dataclasses.dataclass

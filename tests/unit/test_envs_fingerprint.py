@@ -26,12 +26,12 @@ from mpa_jax.envs.tools import DELEGATE_SPEC, TOOLS, TRANSFER_LIMIT
 
 # Regenerate with `python tests/unit/test_envs_fingerprint.py` (see the module docstring).
 PINNED = {
-    "templates": "fa223386a1415821f3eb41b8d9cef4eee2103123d5485afcc3dc8553ca1601fb",
-    "tasks-train-n1": "3250ac15f8e42a43784fc77d69b682594bf13216926c2491bccff8c82e93aeb9",
-    "tasks-dev-n1": "462e054ed611f0bde934eca61903c9bc1c9dcc8e965142e27bad5ae1fcf59c1d",
-    "tasks-test-n1": "6e144ad0ddd560cef7d573179b787e3888eb55b520fac65bdf1299919292f634",
+    "templates": "0bbf09c928c71fa225534b4d550f0ff219e2df827a590d0b5c0e4a2dfe140802",
+    "tasks-train-n1": "ea2092519c143d3e0b6436fca319ca0400b895d742fe78b202a3c5e822b6604d",
+    "tasks-dev-n1": "47082571ea93a529292cc3868c57577887843983f3f70a466882578cfe23a3fe",
+    "tasks-test-n1": "e35dc9a93a36777db65d981327b8207fc2ed6bc3e51a09b53d7334becf47995b",
     "catalog": "6c47bbd80d128ef7d25161b7a131c811f8ced3888f86084e91a942f967601245",
-    "oracle-dev-n1": "761a07db18ec316523dca3b7ce7bf3913b863aabb8a249b23b314ce23a913593",
+    "oracle-dev-n1": "b3ed2b5440ce88d00b86e8c5a9a83d73ee6165bb1f3bf9f7fe63e7d933ca1815",
     "probes": "b34f61ef4fa2bf09d28339b3c952092435ed2c903a5756fdfd64a96b23274925",
 }
 
