@@ -36,7 +36,7 @@ RL_ALGOS = ("care", "vanilla")
 
 # The sections that define the experiment (the recipe, the model, what a rollout and an evaluation are, the refresh
 # start, the arms). The loop's, demo's, harness's and serving's settings are not part of it (harness off here).
-HASHED_SECTIONS = ("seed", "rl", "model", "context", "tasks", "envs", "eval", "rollout", "sft", "oracle", "tokenizer", "lift", "prereg")
+HASHED_SECTIONS = ("seed", "rl", "model", "context", "tasks", "envs", "eval", "rollout", "sft", "oracle", "tokenizer", "lift", "security", "prereg")
 # Engine implementation settings: how the same rollouts are computed, not which (docs/perf.md)
 ENGINE_KEYS = ("schedule", "sharded", "replicas", "batch_size", "prefill_step", "prefill_row_base", "prefill_chunk", "prefix_cache",
                "compilation_cache")
