@@ -78,9 +78,7 @@ def test_commands_are_imported_only_by_the_cli_and_library_modules_form_no_circl
 
 # Circles in other owners' files at the time of issue 55; the coordinator removes an entry once the merge
 # has removed its circle (an entry that no longer occurs is not an error, so the test passes before and after).
-KNOWN_CIRCLES = [
-    {"mpa_jax.rollout.jax_engine", "mpa_jax.rollout.slots"},  # issue 55 item 5: the engine issue removes it
-]
+KNOWN_CIRCLES: list[set[str]] = []  # none (issue 49 removed rollout.jax_engine <-> rollout.slots)
 
 
 def _import_graph() -> dict[str, set[str]]:

@@ -19,7 +19,7 @@ Endpoints (the SGLang 0.5.x native subset documented in `mpa_jax.rollout.sglang`
                                     `message.tool_calls`; stream, n, logprobs/top_logprobs, stop, seed, usage
     POST /v1/completions            OpenAI (legacy) completions: prompt as text or token ids; the same options
 
-Batching: with the embedded JaxEngine (qwen3 family, no mesh) the server's rows are the slots of a
+Batching: with the embedded Engine (qwen3 family, no mesh) the server's rows are the slots of a
 decode loop (`server.slot_batcher`, `rollout.slots`): a request joins the running batch at the next
 decode chunk and leaves it when done. Other engines (or `batcher="call"`) use `server.batcher`: waiting
 requests are admitted into the next whole engine call.
