@@ -14,7 +14,8 @@ unpacked under /tmp, so nothing in the repository changes), on the same tasks, s
 - program mix: a small random model (2 layers, width 32), `--mix` prompts of 1..`--mix-max` tokens (4 new
   tokens each) through `generate` in batches of 8: the compiled programs it needs.
 
-Printed per side: episodes/s, prefill tokens computed per prompt-side token (the episode's final length
+Printed per side: episodes/s (and per CPU second: the process's CPU time, all its threads, which the shared
+host's load changes far less than wall time), prefill tokens computed per prompt-side token (the episode's final length
 minus the tokens it sampled; the base computes every submitted prompt whole, padding not counted; this
 tree: `stats()["prefill_tokens"]`), compiled programs (XLA compilations counted), wall seconds; and
 BENCH_ROW lines (this tree vs the base). CPU figures: the host is shared, so wall times carry its load.
@@ -82,14 +83,15 @@ def worker(args: argparse.Namespace) -> dict:
         runner.run(seen, tok, tasks, cfg)  # warm: compiles what this load needs
         eng.update_weights(eng.params, "timed")  # a new weight version: nothing cached from the warm run
         c0, s0, n0 = eng.compiles, dict(eng.stats()), seen.submitted
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         trajs = runner.run(seen, tok, tasks, cfg)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         s1 = eng.stats()
         prompt_side = sum(len(t.tokens) - sum(t.loss_mask) for t in trajs)
         computed = s1["prefill_tokens"] - s0.get("prefill_tokens", 0.0) if "prefill_tokens" in s1 else seen.submitted - n0
         eng.close()
-        return {"episodes": len(trajs), "wall_s": wall, "episodes_per_s": len(trajs) / wall, "prompt_side": prompt_side,
+        return {"episodes": len(trajs), "wall_s": wall, "cpu_s": cpu, "episodes_per_s": len(trajs) / wall,
+                "episodes_per_cpu_s": len(trajs) / cpu, "prompt_side": prompt_side,
                 "computed": computed, "ratio": computed / max(prompt_side, 1), "compiles_timed": eng.compiles - c0,
                 "compiles": eng.compiles, "success": sum(bool(t.verification and t.verification.success) for t in trajs)}
 
@@ -156,14 +158,17 @@ def main() -> int:
         r = results[side]
         print(f"{side} ({args.base_ref if side == 'base' else 'this tree'}: {r['tree']}): "
               f"eval {r['eval']['episodes']} episodes {r['eval']['episodes_per_s']:.3f}/s, prefill/prompt-side "
-              f"{r['eval']['ratio']:.2f}, success {r['eval']['success']}, compiles {r['eval']['compiles']}; "
-              f"RL groups {r['rl']['episodes']} episodes {r['rl']['wall_s']:.1f} s, prefill/prompt-side {r['rl']['ratio']:.2f}, "
+              f"{r['eval']['ratio']:.2f}, success {r['eval']['success']}, compiles {r['eval']['compiles']}, CPU {r['eval']['cpu_s']:.1f} s; "
+              f"RL groups {r['rl']['episodes']} episodes {r['rl']['wall_s']:.1f} s (CPU {r['rl']['cpu_s']:.1f} s), "
+              f"prefill/prompt-side {r['rl']['ratio']:.2f}, "
               f"compiles {r['rl']['compiles']}; mix of {r['mix']['prompts']} prompts: {r['mix']['compiles']} compiles, "
               f"{r['mix']['wall_s']:.1f} s", flush=True)
     b, n = results["base"], results["new"]
     rows = [("evaluation episodes/s", "episodes/s", n["eval"]["episodes_per_s"], b["eval"]["episodes_per_s"], "higher"),
+            ("evaluation episodes per CPU second", "episodes/s", n["eval"]["episodes_per_cpu_s"], b["eval"]["episodes_per_cpu_s"], "higher"),
             ("evaluation prefill per prompt-side token", "tokens/token", n["eval"]["ratio"], b["eval"]["ratio"], "lower"),
             ("RL groups rollout wall", "s", n["rl"]["wall_s"], b["rl"]["wall_s"], "lower"),
+            ("RL groups rollout CPU", "s", n["rl"]["cpu_s"], b["rl"]["cpu_s"], "lower"),
             ("RL groups prefill per prompt-side token", "tokens/token", n["rl"]["ratio"], b["rl"]["ratio"], "lower"),
             (f"compiles, {n['mix']['prompts']}-prompt mix 1..{args.mix_max}", "programs", n["mix"]["compiles"], b["mix"]["compiles"], "lower"),
             ("compiles, evaluation", "programs", n["eval"]["compiles"], b["eval"]["compiles"], "lower")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -132,6 +133,17 @@ def test_stream_arrives_while_generating_and_a_closed_stream_frees_its_slot(ckpt
                 break
         stream.close()
         assert timed_wait(lambda: not engine.busy, 60) and engine.stats()["cancelled_rows"] == cancelled + 1
+        # The prefix cache as SGLang and OpenAI report it: the same prompt again is served from the rows that
+        # hold it (all of it, or all but its last token, reused), and /server_info carries the running totals and programs.
+        again = c.completions.create(**{**kw, "max_tokens": 4})
+        n_prompt = again.usage.prompt_tokens
+        assert n_prompt - 1 <= again.usage.prompt_tokens_details.cached_tokens <= n_prompt
+        ids = tok.encode("set an alarm")
+        native = httpx.post(server.url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2,
+                            "temperature": 0.0}}, timeout=120).json()
+        assert len(ids) - 1 <= native["meta_info"]["cached_tokens"] <= len(ids)
+        state = httpx.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
+        assert state["cached_tokens"] >= n_prompt - 1 + len(ids) - 1 and 1 <= state["programs"] <= 6
 
 
 def test_streamed_tool_calls_go_out_as_each_call_closes(tok):
