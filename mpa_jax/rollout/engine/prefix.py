@@ -47,8 +47,12 @@ class PrefixIndex:
         self.clock = 0
 
     def invalidate(self) -> None:
-        """New weights: nothing held so far may be reused."""
+        """New weights: nothing held so far may be reused. The eviction clock restarts too, so which slot a
+        request gets after a weight update does not depend on what ran before it (an RL run resumed from a
+        checkpoint places its rows, hence shapes its programs, exactly as the uninterrupted run did)."""
         self.gen += 1
+        self.used = [0] * len(self.used)
+        self.clock = 0
 
     def valid(self, s: int) -> bool:
         return self.row_gen[s] == self.gen and len(self.held[s]) > 0
