@@ -8,7 +8,7 @@ update over all tasks x group sequences (+ for ours the weight sync into the sam
 sides score completions with the same cheap function (parity of the completion's token count of even
 ids), so the timing is the model work of the iteration.
 
-Ours: the embedded `JaxEngine` (weight replicas over the CPU devices, as `mpa rl` runs it), the
+Ours: the embedded `Engine` (weight replicas over the CPU devices, as `mpa rl` runs it), the
 `rl.loss` clipped-ratio loss through the jitted sharded train step, `sync_weights`. TRL: `GRPOTrainer`
 (trl 1.16, torch CPU, HF `generate`), loss_type "dapo" (token-level like ours), beta 0 (no KL, like
 ours), one generation per step. Each side runs one warm-up iteration (compilation for ours), then
@@ -55,7 +55,7 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
     from mpa_jax.rl import batch as rlbatch
     from mpa_jax.rl import care
     from mpa_jax.rl.learner import budgeted_micro_batches, compiled_update, make_rl_optimizer, optimizer_key
-    from mpa_jax.rollout.jax_engine import JaxEngine
+    from mpa_jax.rollout.jax_engine import Engine
     from mpa_jax.rollout.engines import engine_replicas
     from mpa_jax.rollout.types import SamplingParams
     from mpa_jax.train import state as statelib
@@ -73,9 +73,9 @@ def bench_ours(config, prompts: list[list[int]], group: int, completion_len: int
                           optimizer_key(rl, 100), mesh, rules)
     n = len(prompts) * group
     if bool(config.rollout.sharded) and jax.default_backend() != "cpu":
-        engine = JaxEngine(cfg, jax.device_get(state.params), max_batch=n, mesh=mesh, rules=rules)  # on the learner mesh
+        engine = Engine(cfg, jax.device_get(state.params), max_batch=n, mesh=mesh, rules=rules)  # on the learner mesh
     else:
-        engine = JaxEngine(cfg, jax.device_get(state.params), max_batch=n, replicas=engine_replicas(config))
+        engine = Engine(cfg, jax.device_get(state.params), max_batch=n, replicas=engine_replicas(config))
     row_shard = sharding.batch_sharding(mesh, rules, 2)
     dp = int(np.prod([mesh.shape[a] for a in ("data", "fsdp")]))
     seq_len = len(prompts[0]) + completion_len

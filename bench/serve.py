@@ -155,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     from mpa_jax.rollout.engines import engine_replicas
     from mpa_jax.rollout.jax_engine import Engine
     from mpa_jax.rollout.server import ServerThread, create_app
-    from mpa_jax.rollout.slots import prompt_bucket
     from mpa_jax.rollout.types import SamplingParams
 
     config = load_config_file(args.config)
@@ -189,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     im_end = tok.token_id("<|im_end|>")
     msgs = messages(top * args.requests)
     prompts = [tk.generation_prompt_ids(tok, m) for m in msgs]
-    slot_len = args.slot_len or prompt_bucket(max(len(p) for p in prompts), 16) + new
+    slot_len = args.slot_len or max(len(p) for p in prompts) + new
     sp = SamplingParams(max_new_tokens=new, temperature=0.7, stop_token_ids=(im_end,))
     print(f"shape {args.shape}: model {cfg.family} {cfg.num_hidden_layers} x {cfg.hidden_size} (mlp {cfg.intermediate_size}, heads "
           f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} x {cfg.head_dim}), {models.param_count(cfg) / 1e6:.1f}M params, "

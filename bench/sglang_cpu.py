@@ -185,7 +185,7 @@ def main() -> int:
 
     from mpa_jax import models
     from mpa_jax import tokenizer as tk
-    from mpa_jax.rollout.jax_engine import JaxEngine
+    from mpa_jax.rollout.jax_engine import Engine
     from mpa_jax.rollout.server import ServerThread, create_app
     from mpa_jax.rollout.sglang import SGLangEngine
     from mpa_jax.rollout.testing import tiny_checkpoint
@@ -217,7 +217,7 @@ def main() -> int:
         info = httpx.get(sgl_url + "/get_server_info", timeout=30).json()
         report["sglang_attention_backend"] = info.get("attention_backend")
 
-        jax_engine = JaxEngine.from_pretrained(ck["a"], max_batch=8, weight_version="a")
+        jax_engine = Engine.from_pretrained(ck["a"], max_batch=8, weight_version="a")
         mpa = ServerThread(create_app(jax_engine, tok, model_path=ck["a"], max_batch=8)).start()
         sgl = SGLangEngine(sgl_url, max_concurrency=8, timeout_s=300)
         ours = SGLangEngine(mpa.url, max_concurrency=8, timeout_s=300)

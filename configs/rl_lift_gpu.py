@@ -30,8 +30,7 @@ def get_config():
     c.sft.steps, c.sft.warmup_steps = 300, 10  # the cold start: 300 x 0.5M tokens of demonstrations
     c.sft.micro_batches = 32  # 2 rows of 8,192 per micro-batch: fits one H200 (`mpa plan --devices 1`)
     c.mesh.fsdp = 1  # one GPU
-    # Coarse prefill buckets: the agent loop's prompts grow from ~1k to ~4k tokens, so the default buckets
-    # (256-token widths x rows 1..16) compile ~80 prefill programs at 11-23 s each on an H200 (docs/perf.md);
-    # these compile ~12, for more padded prefill tokens (+37% on the starter's evaluation, bench/prefill_buckets.py).
-    c.rollout.prefill_step, c.rollout.prefill_row_base = 1024, 4
+    # Prompts are prefilled in chunks of 512 tokens (one program whatever the lengths; the prefix cache
+    # computes each episode's earlier turns once): fewer calls per 1k-4k-token prompt than the default 256.
+    c.rollout.prefill_chunk = 512
     return c

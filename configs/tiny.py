@@ -118,11 +118,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.rollout.schedule = "continuous"
     c.rollout.sharded = False  # place the embedded engine on `c.mesh` (accelerators); one device otherwise
     c.rollout.replicas = 0  # unsharded engine: weight copies decoding parts of each batch; 0 = one per CPU core
-    # Slot prefill shape buckets, one compiled program each: widths are powers of two up to prefill_step, then
-    # multiples of it; rows powers of prefill_row_base (2 or 4). Coarser on accelerators, where a program at
-    # Qwen3-1.7B shape compiles in 11-23 s (configs/rl_lift_gpu.py).
-    c.rollout.prefill_step = 256
-    c.rollout.prefill_row_base = 2
+    # Prompts are prefilled in chunks of prefill_chunk tokens per row (one compiled program whatever the prompt
+    # lengths; docs/perf.md). prefix_cache: an episode's next turn, a group's samples and a common system prompt
+    # reuse the keys/values the engine's slot rows already hold (False: every prompt prefilled whole).
+    c.rollout.prefill_chunk = 256
+    c.rollout.prefix_cache = True
+    # Keep compiled engine programs under <workdir>/xla_cache when make_engine knows the run's workdir (RL).
+    c.rollout.compilation_cache = True
 
     # Serving.
     c.serve = ml_collections.ConfigDict()

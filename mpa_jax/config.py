@@ -78,11 +78,11 @@ def load_config(path: str, overrides: Sequence[tuple[str, str]] = ()) -> ml_coll
 
 
 # The values a knob may take, checked once when a config is loaded (not again by each stage that reads it).
-CHOICES = {"serve.batcher": ("auto", "slots", "call"), "rollout.prefill_row_base": (2, 4)}
+CHOICES = {"serve.batcher": ("auto", "slots", "call")}
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    """Check the rules one config value cannot break on its own reading: a `name`, `CHOICES`, powers of two
+    """Check the rules one config value cannot break on its own reading: a `name`, `CHOICES`, the prefill chunk
     and the context format. Raises ConfigError naming the key."""
     if not str(config.get("name") or "").strip():
         raise ConfigError("the config has no `name` (set c.name; the run directory defaults to runs/<name>)")
@@ -91,9 +91,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if section in config and config[section][leaf] not in allowed:
             raise ConfigError(f"config.{key} must be one of {', '.join(map(str, allowed))}, got {config[section][leaf]!r}")
     if "rollout" in config:
-        step = int(config.rollout.prefill_step)
-        if step < 1 or step & (step - 1):
-            raise ConfigError(f"config.rollout.prefill_step must be a power of two, got {step}")
+        if int(config.rollout.prefill_chunk) < 1:
+            raise ConfigError(f"config.rollout.prefill_chunk must be >= 1, got {config.rollout.prefill_chunk}")
     if "memory" in config and not 0.0 <= float(config.memory.paraphrase) <= 1.0:
         raise ConfigError(f"config.memory.paraphrase must be in [0, 1], got {config.memory.paraphrase}")
     if "context" in config:

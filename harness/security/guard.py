@@ -148,10 +148,10 @@ class GuardedEnv:
         names: set[str] = set()
 
         def walk(steps: list[dict[str, Any]]) -> None:
-            for s in steps:
-                if s.get("kind") == "tool_call":
-                    names.add(s["name"])
-                    walk(s.get("fallbacks", []))
+            for step in steps:
+                if step.get("kind") == "tool_call":
+                    names.add(step["name"])
+                    walk(step.get("fallbacks", []))
         walk(task.gold)
         return names
 

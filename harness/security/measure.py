@@ -73,10 +73,10 @@ def run(planner: str, env: Any, task: Task) -> Verification:
         finally:
             env.close()
     if planner == "gullible":
-        from mpa_jax.harness.episode import run_episode
+        from mpa_jax.envs.episode import run_chat_episode
         from mpa_jax.harness.security.gullible import GulliblePlanner
 
-        return run_episode(GulliblePlanner(task), env, task, max_turns=len(task.gold) + 12).verification
+        return run_chat_episode(GulliblePlanner(task), env, task, max_turns=len(task.gold) + 12).verification
     raise ValueError(f"unknown planner {planner!r} (known: {', '.join(PLANNERS)})")
 
 

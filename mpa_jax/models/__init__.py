@@ -16,8 +16,9 @@ Public API (every function dispatches on `cfg.family` to a family module; see re
     logits, state = models.decode(cfg, params, input_ids, positions, state, attention_mask=None)
     params = models.decode_params(cfg, params)           # once per jitted decode loop, before it
     state = models.init_slot_state(cfg, slots, max_len, dtype=None)          # slot rows (ring caches)
-    logits, state = models.prefill_slots(cfg, params, state, ids, mask, rows, column, dtype=None)
-    logits, state = models.decode_slots(cfg, params, tokens, positions, live, state, column)
+    logits, state = models.extend_slots(cfg, params, state, ids, lengths, rows, starts)   # chunked prefill / continuation
+    state = models.place_slots(cfg, state, src, dst, keep)                  # share, cut or empty rows
+    logits, state = models.decode_slots(cfg, params, tokens, positions, live, state, columns)
     model = models.from_pretrained(path, dtype="float32", mesh=None, rules=None)
     logits = model(input_ids)
     models.save_pretrained(model, out_dir, tokenizer_dir=None, dtype=None)
@@ -45,21 +46,19 @@ which the caller tracks per row: for a left-padded prompt `cumsum(mask) - 1` (cl
 `last + 1` for each step. The logits returned are float32 [B, T, V] for the T new tokens. Decoding
 beyond max_len is not checked inside jit: keep index + T <= max_len.
 
-Slot decoding (`decode_slots`), for the engine's continuous batching: every row of a *slot state* is
-its own request at its own position, admitted and retired independently. Attention caches are rings of
-`max_len` columns with one write column shared by every row: a step writes column `column` of every
-row (a one-column in-place update, not a per-row scatter) and the caller advances it (mod max_len)
-after each step. `prefill_slots` writes N left-padded prompts (ids/mask [N, P]) into rows `rows` [N]
-(a row >= the slot count is dropped: filler) at the P columns just behind `column` (mod max_len),
-replacing everything the row held (its other columns are cleared; recurrent states are replaced), and
-returns each prompt's next-token logits [N, V]. `decode_slots` feeds one token per row, tokens and RoPE
-positions [B] int32; `live` [B] bool marks the rows that hold a request: a live row's token goes in
-`column` and is attended from then on, a row that is not live writes a masked column and keeps its
-recurrent state (its logits are garbage). A row attends to its valid columns in whatever ring order
-(keys carry their positions), so rows admitted at different times share the write column. The caller
-keeps a row's columns from being overwritten: prompt bucket + new tokens <= max_len. Logits are float32
-[B, V]. Each family implements `decode_slots` and declares its caches' ring axes (`slot_cache_axes`);
-`init_slot_state` and `prefill_slots` are generic over them.
+Slot decoding, for the engine's continuous batching and prefix cache: every row of a *slot state*
+(`init_slot_state`) is its own request, holding its tokens in columns [0, n) (a row's column is its
+token's position), admitted, continued and retired independently. `extend_slots` writes a chunk of up to
+C new tokens per row after what the row holds (a prompt, or the rest of one whose prefix the row already
+holds: the next turn of an episode), attending to the held columns, and returns each row's next-token
+logits; `place_slots` copies the first `keep` tokens of one row into another (a shared prompt prefix) or
+cuts/empties a row. `decode_slots` feeds one token per row, tokens and positions [B] int32, written at
+each row's column `columns` [B] (its position; a scalar column shared by every row also works); `live`
+[B] bool marks the rows that hold a running request: a row that is not live keeps its columns and
+recurrent state as they were (its logits are garbage), so a finished row's tokens stay reusable. A row
+attends to its valid columns (`kv_mask`). Logits are float32 [B, V]. Each family implements
+`decode_slots` and `decode(..., logits_at=)` and declares its caches' ring (sequence) axes
+(`slot_cache_axes`); `init_slot_state`, `extend_slots` and `place_slots` are generic over them.
 """
 from __future__ import annotations
 
@@ -87,7 +86,8 @@ __all__ = [
     "decode",
     "decode_params",
     "init_slot_state",
-    "prefill_slots",
+    "extend_slots",
+    "place_slots",
     "decode_slots",
     "slot_cache_axes",
     "from_pretrained",
@@ -248,49 +248,102 @@ def init_slot_state(cfg: ModelConfig, slots: int, max_len: int, dtype: Any = Non
     return {"layers": state["layers"], "kv_mask": state["kv_mask"]}
 
 
-def prefill_slots(
+def extend_slots(
     cfg: ModelConfig,
     params: Any,
     state: dict[str, Any],
     input_ids: jax.Array,
-    attention_mask: jax.Array,
+    lengths: jax.Array,
     rows: jax.Array,
-    column: jax.Array,
+    starts: jax.Array,
     dtype: Any = None,
+    span: int | None = None,
 ) -> tuple[jax.Array, dict[str, Any]]:
-    """Write N left-padded prompts [N, P] into slot rows `rows` [N] (rows out of range are dropped),
-    ending just behind ring column `column`; returns their next-token logits [N, V] float32 and the
-    state (see the module docstring). `dtype`: the caches' dtype (as given to `init_slot_state`).
+    """Continue N slot rows by a chunk of new tokens each: row `rows[i]` (out of range: dropped) holds
+    `starts[i]` tokens in columns [0, starts[i]); its `lengths[i]` new tokens `input_ids[i, :lengths[i]]`
+    ([N, C], right-padded) go in the next columns, attending to what the row holds and causally to each
+    other; recurrent states continue over them. Returns each row's next-token logits [N, V] float32
+    (after its last new token) and the state. A fresh prompt is a continuation of an empty row
+    (`place_slots` with keep 0 first); a long one is several chunks. Needs starts + C <= the columns
+    (<= `span` when given: then only the first `span` columns of each row are read and written, so the
+    chunk attends over what the rows hold, not over every column of a long slot).
 
-    Generic over the families: the prompts run through `decode` on a fresh P-column cache, then every
-    cache leaf is placed in its rows by its `slot_cache_axes` (rolled into the ring columns, or copied
-    whole when it has no ring axis).
+    Generic over the families: each row is rolled so that its next column sits at a common index, the
+    chunk runs through the family's `decode` (only the last real token is unembedded), and the row is
+    rolled back (every leaf by its `slot_cache_axes`; per-row states are continued as they are).
     """
-    n, p = input_ids.shape
-    max_len = state["kv_mask"].shape[1]
-    if p > max_len:
-        raise ValueError(f"prefill_slots: prompts of {p} columns do not fit rings of {max_len}")
-    mask = attention_mask.astype(jnp.int32)
-    positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
-    fresh = init_decode_state(cfg, n, p, dtype)
-    if p > 1:
-        # All but the last column first: their logits are dead code, so XLA drops the unembedding there.
-        _, fresh = decode(cfg, params, input_ids[:, :-1], positions[:, :-1], fresh, mask[:, :-1])
-    logits, fresh = decode(cfg, params, input_ids[:, -1:], positions[:, -1:], fresh, mask[:, -1:])
-
-    def place(big: jax.Array, new: jax.Array, axis: int | None) -> jax.Array:
-        new = new.astype(big.dtype)
-        if axis is not None:  # [N, ..., P at axis] -> ring columns [column - P, column) mod max_len, the rest cleared
-            pad = [(0, 0)] * new.ndim
-            pad[axis] = (max_len - p, 0)
-            new = jnp.roll(jnp.pad(new, pad), column, axis=axis)
-        return big.at[rows].set(new, mode="drop")
-
+    n, c = input_ids.shape
+    full = state["kv_mask"].shape[1]
+    cols = full if span is None else min(int(span), full)
+    if c > cols:
+        raise ValueError(f"extend_slots: chunks of {c} columns do not fit rows of {cols}")
+    index = cols - c
+    shift = index - starts.astype(jnp.int32)  # roll row i by shift[i]: its column starts[i] -> index
     axes = slot_cache_axes(cfg)
-    new_layers = {name: {leaf: place(state["layers"][name][leaf], fresh["layers"][name][leaf], axis)
-                         for leaf, axis in leaves.items()}
-                  for name, leaves in axes.items()}
-    return logits[:, 0], {"layers": new_layers, "kv_mask": place(state["kv_mask"], fresh["kv_mask"], 1)}
+
+    def roll(x: jax.Array, axis: int | None, by: jax.Array) -> jax.Array:
+        if axis is None:
+            return x
+        return jax.vmap(lambda r, s: jnp.roll(r, s, axis=axis - 1))(x, by)
+
+    def each(fn: Any, tree: dict[str, Any], *more: dict[str, Any]) -> dict[str, Any]:
+        return {"layers": {name: {leaf: fn(tree["layers"][name][leaf], *(m["layers"][name][leaf] for m in more), axis)
+                                  for leaf, axis in leaves.items()} for name, leaves in axes.items()},
+                "kv_mask": fn(tree["kv_mask"], *(m["kv_mask"] for m in more), 1)}
+
+    def window(x: jax.Array, axis: int | None) -> jax.Array:
+        return x if axis is None or cols == full else jax.lax.slice_in_dim(x, 0, cols, axis=axis)
+
+    safe = jnp.clip(rows, 0, state["kv_mask"].shape[0] - 1)
+    mine = each(lambda x, a: roll(window(jnp.take(x, safe, axis=0), a), a, shift), state)
+    valid = jnp.arange(c)[None, :] < lengths[:, None]
+    positions = (starts[:, None] + jnp.arange(c)[None, :]).astype(jnp.int32)
+    last = jnp.maximum(lengths - 1, 0).astype(jnp.int32)
+    logits, out = _family(cfg).decode(cfg, params, input_ids, positions,
+                                      {**mine, "index": jnp.asarray(index, jnp.int32)}, valid.astype(jnp.int32), logits_at=last)
+    out = {"layers": out["layers"], "kv_mask": out["kv_mask"]}
+    back = each(lambda x, a: roll(x, a, -shift), out)
+    def put(big: jax.Array, x: jax.Array, axis: int | None) -> jax.Array:
+        at = (rows,) if axis is None or cols == full else (rows,) + (slice(None),) * (axis - 1) + (slice(0, cols),)
+        return big.at[at].set(x.astype(big.dtype), mode="drop")
+
+    new = each(put, state, back)
+    return logits[:, 0], new
+
+
+def place_slots(
+    cfg: ModelConfig,
+    state: dict[str, Any],
+    src: jax.Array,
+    dst: jax.Array,
+    keep: jax.Array,
+    span: int | None = None,
+) -> dict[str, Any]:
+    """Row `dst[i]` (out of range: dropped) becomes row `src[i]`'s first `keep[i]` tokens: a cached prefix
+    shared (src != dst), a row cut back to a prefix (src == dst) or emptied (keep 0: its recurrent
+    states zeroed too). Per-row states without a ring axis are copied whole when keep > 0: the caller
+    copies a recurrent row only at its end (its state is that of all it holds). All reads see the state
+    before the call, so one call may both copy from a row and cut it. `span` (>= every keep): only the
+    first `span` cache columns are copied (the mask is cut over all of them: what lies past is invalid)."""
+    cols = state["kv_mask"].shape[1]
+    safe = jnp.clip(src, 0, state["kv_mask"].shape[0] - 1)
+    axes = slot_cache_axes(cfg)
+    part = cols if span is None else min(int(span), cols)
+
+    def one(big: jax.Array, axis: int | None, is_mask: bool = False) -> jax.Array:
+        if axis is not None and not is_mask and part < cols:
+            x = jax.lax.slice_in_dim(jnp.take(big, safe, axis=0), 0, part, axis=axis)
+            return big.at[(dst,) + (slice(None),) * (axis - 1) + (slice(0, part),)].set(x, mode="drop")
+        x = jnp.take(big, safe, axis=0)
+        if is_mask:
+            x = x & (jnp.arange(cols)[None, :] < keep[:, None])
+        elif axis is None:
+            x = jnp.where((keep > 0).reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros_like(x))
+        return big.at[dst].set(x, mode="drop")
+
+    layers_ = {name: {leaf: one(state["layers"][name][leaf], axis) for leaf, axis in leaves.items()}
+               for name, leaves in axes.items()}
+    return {"layers": layers_, "kv_mask": one(state["kv_mask"], 1, is_mask=True)}
 
 
 def decode_slots(
@@ -300,11 +353,12 @@ def decode_slots(
     positions: jax.Array,
     live: jax.Array,
     state: dict[str, Any],
-    column: jax.Array,
+    columns: jax.Array,
 ) -> tuple[jax.Array, dict[str, Any]]:
-    """One token per slot row (tokens, positions [B] int32, live [B] bool) written at ring column
-    `column`; returns float32 logits [B, V] and the new state (see the module docstring)."""
-    return _family(cfg).decode_slots(cfg, params, tokens, positions, live, state, column)
+    """One token per slot row (tokens, positions [B] int32, live [B] bool) written at column `columns`
+    ([B]: each row's own, or a scalar shared by all); returns float32 logits [B, V] and the new state
+    (see the module docstring)."""
+    return _family(cfg).decode_slots(cfg, params, tokens, positions, live, state, columns)
 
 
 def param_count(cfg: ModelConfig) -> int:

@@ -80,17 +80,18 @@ def causal_conv(x: jax.Array, weight: jax.Array, segment_ids: jax.Array | None) 
 def conv_step(x: jax.Array, conv_state: jax.Array, weight: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Causal conv continuing from `conv_state` [B, K-1, C] (the previous K-1 inputs).
 
-    Returns SiLU(conv) [B, T, C] and the new state. A one-token call on a row whose token is not
-    valid leaves that row's state as it was (finished rows keep their state).
+    Returns SiLU(conv) [B, T, C] and the new state: the K-1 inputs up to each row's last valid token
+    (a row with none keeps its state: finished rows; right padding after a continued prompt's chunk
+    is not part of the state).
     """
     k = weight.shape[-1]
     t = x.shape[1]
     buf = jnp.concatenate([conv_state.astype(x.dtype), x], axis=1)  # [B, K-1+T, C]
     w = weight[:, 0, :].astype(x.dtype)
     out = sum(buf[:, k - 1 - j : k - 1 - j + t] * w[:, k - 1 - j] for j in range(k))
-    new_state = buf[:, t:]
-    if t == 1:
-        new_state = jnp.where(valid[:, :1, None], new_state, conv_state.astype(x.dtype))
+    # End (in x's columns) of each row's last valid token: T for a left-padded or full row, 0 for none.
+    end = jnp.max(jnp.where(valid, jnp.arange(1, t + 1), 0), axis=1)
+    new_state = jax.vmap(lambda b, e: jax.lax.dynamic_slice_in_dim(b, e, k - 1, axis=0))(buf, end)
     return jax.nn.silu(out), new_state.astype(conv_state.dtype)
 
 

@@ -346,3 +346,31 @@ def remat_wrap(fn: Callable, policy: str) -> Callable:
     if policy == "dots_no_batch":
         return jax.checkpoint(fn, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
     raise ValueError(f"unknown remat policy {policy!r}")
+
+
+def write_columns(cache: jax.Array, new: jax.Array, column: jax.Array, axis: int, live: jax.Array | None = None) -> jax.Array:
+    """`new` (the cache with `new.shape[axis]` columns along `axis`) written at `column` of every row.
+
+    `column` is a scalar (one write column shared by every row: one in-place update) or [B] (each row
+    its own column: the slot engine's rows, each at its own length). With `live` [B] (per-row columns
+    only), rows that are not live keep what they held (their old column is read and written back):
+    a row holding a cached prefix past the window is never touched by a masked step.
+    """
+    if jnp.ndim(column) == 0:
+        start = [0] * cache.ndim
+        start[axis] = column
+        return jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), tuple(start))
+    t = new.shape[axis]
+    column = jnp.clip(column, 0, cache.shape[axis] - t)  # what dynamic_update_slice would do; explicit for the read
+
+    def one(c: jax.Array, n: jax.Array, col: jax.Array, keep: jax.Array) -> jax.Array:
+        start = [0] * c.ndim
+        start[axis - 1] = col
+        n = n.astype(c.dtype)
+        if live is not None:
+            old = jax.lax.dynamic_slice_in_dim(c, col, t, axis=axis - 1)
+            n = jnp.where(keep, n, old)
+        return jax.lax.dynamic_update_slice(c, n, tuple(start))
+
+    keep = jnp.ones(column.shape, bool) if live is None else live
+    return jax.vmap(one)(cache, new, column, keep)

@@ -296,10 +296,13 @@ def decode_mask(state: dict[str, Any], attention_mask: jax.Array | None, t: int)
 
 
 def _cached_layers(cfg: ModelConfig, params: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
-                   caches: dict[str, Any], column: jax.Array, mask: jax.Array) -> tuple[jax.Array, dict[str, Any]]:
-    """The decoder over cached keys/values, shared by `decode` (linear cache) and `decode_slots` (rings):
-    the T new tokens' keys/values go in cache columns [column, column + T) of every row, then each
-    attends to the columns `mask` [B, 1, T, S] allows. Returns the logits [B, T, V] float32 and the caches."""
+                   caches: dict[str, Any], column: jax.Array, mask: jax.Array, live: jax.Array | None = None,
+                   logits_at: jax.Array | None = None) -> tuple[jax.Array, dict[str, Any]]:
+    """The decoder over cached keys/values, shared by `decode` (linear cache) and `decode_slots` (slot rows):
+    the T new tokens' keys/values go in cache columns [column, column + T) of every row (`column`: a
+    scalar, or [B] per row; rows not `live` keep their columns), then each attends to the columns
+    `mask` [B, 1, T, S] allows. Returns the logits [B, T, V] float32 (only at token `logits_at` [B] of
+    each row, [B, 1, V], when given) and the caches."""
     scale = cfg.head_dim**-0.5
     new_layers = {}
     all_layers = layer_params(cfg, params)
@@ -311,11 +314,13 @@ def _cached_layers(cfg: ModelConfig, params: Params, x: jax.Array, cos: jax.Arra
         # New keys/values go in head-major (k [B, K, H, T], v [B, K, T, H]: transposes of T rows only).
         k_new = k.transpose(0, 2, 3, 1).astype(cache["k"].dtype)
         v_new = v.transpose(0, 2, 1, 3).astype(cache["v"].dtype)
-        ck = jax.lax.dynamic_update_slice(cache["k"], k_new, (0, 0, 0, column))
-        cv = jax.lax.dynamic_update_slice(cache["v"], v_new, (0, 0, column, 0))
+        ck = layers.write_columns(cache["k"], k_new, column, 3, live)
+        cv = layers.write_columns(cache["v"], v_new, column, 2, live)
         new_layers[str(n)] = {"k": ck, "v": cv}
         attn = layers.cached_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
         x = _mlp_fused(cfg, p, x + _out(p["self_attn"], attn))
+    if logits_at is not None:  # one token per row: the unembedding of the others is never computed
+        x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
     x = layers.rms_norm(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
     w = decode_unembedding(cfg, params).astype(x.dtype)
     return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32), new_layers
@@ -328,13 +333,15 @@ def decode(
     positions: jax.Array,
     state: dict[str, Any],
     attention_mask: jax.Array | None = None,
+    logits_at: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, Any]]:
     """Run T new tokens through the model against the cache; see mpa_jax.models for semantics."""
     t = input_ids.shape[1]
     idx = state["index"]
     kv_mask, mask = decode_mask(state, attention_mask, t)
     cos, sin = layers.rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, input_ids), cos, sin, state["layers"], idx, mask)
+    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, input_ids), cos, sin, state["layers"], idx, mask,
+                                        logits_at=logits_at)
     return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}
 
 
@@ -352,10 +359,11 @@ def decode_slots(
     state: dict[str, Any],
     column: jax.Array,
 ) -> tuple[jax.Array, dict[str, Any]]:
-    """One token per slot row against ring caches; semantics in mpa_jax.models (`decode_slots`)."""
-    kv_mask = jax.lax.dynamic_update_slice(state["kv_mask"], live[:, None], (0, column))
-    # No causal term: a row's valid columns are its own tokens, in ring order (keys carry their positions).
+    """One token per slot row at its own column; semantics in mpa_jax.models (`decode_slots`)."""
+    kv_mask = layers.write_columns(state["kv_mask"], live[:, None], column, 1, live)
+    # No causal term: a row's valid columns are its own tokens (keys carry their positions).
     mask = kv_mask[:, None, None, :]
     cos, sin = layers.rope_tables(positions[:, None], cfg.head_dim, cfg.rope_theta)
-    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, tokens[:, None]), cos, sin, state["layers"], column, mask)
+    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, tokens[:, None]), cos, sin, state["layers"], column, mask,
+                                        live)
     return logits[:, 0], {"layers": new_layers, "kv_mask": kv_mask}

@@ -469,7 +469,8 @@ def init_decode_state(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = N
 
 
 def _cached_layers(cfg: ModelConfig, params: Params, x: jax.Array, cos: jax.Array, sin: jax.Array,
-                   caches: dict[str, Any], column: jax.Array, mask: jax.Array, valid: jax.Array):
+                   caches: dict[str, Any], column: jax.Array, mask: jax.Array, valid: jax.Array,
+                   live: jax.Array | None = None, logits_at: jax.Array | None = None):
     """The decoder over decode caches, shared by `decode` (linear cache) and `decode_slots` (rings):
     attention layers write the T new keys/values at columns [column, column + T) and attend as `mask`
     [B, 1, T, S] allows; DeltaNet layers continue each row's conv and recurrent state over the new
@@ -484,8 +485,8 @@ def _cached_layers(cfg: ModelConfig, params: Params, x: jax.Array, cos: jax.Arra
         h = rms_norm_1p(x, p["input_layernorm"]["weight"], cfg.rms_norm_eps)
         if kind == FULL:
             q, k, v, gate = _attn_inputs(cfg, p["self_attn"], h, cos, sin)
-            ck = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), (0, column, 0, 0))
-            cv = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (0, column, 0, 0))
+            ck = layers.write_columns(cache["k"], k, column, 1, live)
+            cv = layers.write_columns(cache["v"], v, column, 1, live)
             new_layers[str(n)] = {"k": ck, "v": cv}
             attn = layers.attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask, scale)
             x = x + _attn_out(p["self_attn"], attn, gate)
@@ -493,6 +494,8 @@ def _cached_layers(cfg: ModelConfig, params: Params, x: jax.Array, cos: jax.Arra
             y, new_layers[str(n)] = deltanet.decode(cfg, p["linear_attn"], h, valid, cache)
             x = x + y
         x, _ = _mlp(cfg, p, x)
+    if logits_at is not None:  # one token per row: the unembedding of the others is never computed
+        x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
     x = rms_norm_1p(x, params["model"]["norm"]["weight"], cfg.rms_norm_eps)
     w = decode_unembedding(cfg, params).astype(x.dtype)
     return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32), new_layers
@@ -505,6 +508,7 @@ def decode(
     positions: jax.Array,
     state: dict[str, Any],
     attention_mask: jax.Array | None = None,
+    logits_at: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, Any]]:
     """Run T new tokens against the decode state; semantics as documented in mpa_jax.models."""
     check(cfg)
@@ -513,7 +517,8 @@ def decode(
     kv_mask, mask = decode_mask(state, attention_mask, t)
     valid = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
     cos, sin = _rope(cfg, positions)
-    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, input_ids), cos, sin, state["layers"], idx, mask, valid)
+    logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, input_ids), cos, sin, state["layers"], idx, mask, valid,
+                                        logits_at=logits_at)
     return logits, {"layers": new_layers, "kv_mask": kv_mask, "index": idx + t}
 
 
@@ -536,11 +541,11 @@ def decode_slots(
     """One token per slot row against ring attention caches and per-row DeltaNet states; semantics in
     mpa_jax.models (`decode_slots`). A row that is not live keeps its DeltaNet state."""
     check(cfg)
-    kv_mask = jax.lax.dynamic_update_slice(state["kv_mask"], live[:, None], (0, column))
-    mask = kv_mask[:, None, None, :]  # ring order: no causal term (keys carry their positions)
+    kv_mask = layers.write_columns(state["kv_mask"], live[:, None], column, 1, live)
+    mask = kv_mask[:, None, None, :]  # a row's valid columns are its own tokens: no causal term
     cos, sin = _rope(cfg, positions[:, None])
     logits, new_layers = _cached_layers(cfg, params, _embed(cfg, params, tokens[:, None]), cos, sin, state["layers"], column,
-                                        mask, live[:, None])
+                                        mask, live[:, None], live)
     return logits[:, 0], {"layers": new_layers, "kv_mask": kv_mask}
 
 

@@ -34,6 +34,7 @@ def make_engine(
     vocab_limit: int | None = None,
     tokenizer_dir: str | None = None,
     export_root: str | None = None,
+    workdir: str | None = None,
 ) -> RolloutEngine:
     """The engine `config.rollout.engine` names ("jax" or "sglang"), with weights from one of:
 
@@ -46,6 +47,10 @@ def make_engine(
     jax: with `config.rollout.sharded`, parameters are placed on the mesh of `config.mesh`; otherwise
     `config.rollout.replicas` weight copies over the local devices. sglang: a client for
     `config.rollout.sglang_url`.
+
+    Compilation cache: with `config.rollout.compilation_cache`, the embedded engine's programs are kept
+    under `<workdir>/xla_cache` (`workdir`, else the directory above `export_root`: RL's run directory),
+    so a resumed or repeated run loads them instead of compiling; without a workdir, nothing is written.
 
     The vocabulary rule: ids the tokenizer cannot produce are never sampled. Pass the `tokenizer`
     (its `vocab_size` becomes the engine's `vocab_limit`) or `vocab_limit` itself; a tokenizer larger
@@ -66,7 +71,8 @@ def make_engine(
             f"checkpoint {checkpoint} is not an exported Hugging Face directory (no config.json); run `mpa export` on it first"
         )
     if kind == "sglang":
-        from mpa_jax.rollout.sglang import engine_from_config, hf_exporter
+        from mpa_jax.export_sync import hf_exporter
+        from mpa_jax.rollout.sglang import engine_from_config
 
         exporter = None
         if model_cfg is not None:
@@ -89,14 +95,14 @@ def make_engine(
     import jax
 
     from mpa_jax import models
-    from mpa_jax.rollout.jax_engine import JaxEngine, check_vocab_limit
+    from mpa_jax.rollout.engine import Engine, check_vocab_limit
     from mpa_jax.rollout.types import EngineError
 
-    step, row_base = int(config.rollout.prefill_step), int(config.rollout.prefill_row_base)
-    if step < 1 or step & (step - 1):
-        raise RolloutSetupError(f"config.rollout.prefill_step must be a power of two, got {step}")
-    if row_base not in (2, 4):
-        raise RolloutSetupError(f"config.rollout.prefill_row_base must be 2 or 4, got {row_base}")
+    run_dir = workdir or (os.path.dirname(os.path.normpath(export_root)) if export_root else None)
+    if run_dir and bool(config.rollout.compilation_cache):
+        from mpa_jax.rollout.engine.compiles import persistent_cache
+
+        persistent_cache(run_dir)
     mesh = rules = None
     if config.rollout.sharded:
         from mpa_jax import sharding
@@ -106,10 +112,10 @@ def make_engine(
     # slots as long as an episode may grow (rollout.max_total_tokens): a longer ring only costs memory
     kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh),
               vocab_limit=None if vocab_limit is None else int(vocab_limit), slot_len=int(config.rollout.max_total_tokens),
-              prefill_step=step, prefill_row_base=row_base)
+              prefill_chunk=int(config.rollout.prefill_chunk), prefix_cache=bool(config.rollout.prefix_cache))
     if checkpoint is not None:
         try:
-            return JaxEngine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), **kw)
+            return Engine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), **kw)
         except EngineError as e:
             raise RolloutSetupError(f"checkpoint {checkpoint}: {e}") from None
         except ValueError as e:  # hf_io.CheckpointError and config errors name the file or tensor
@@ -120,9 +126,9 @@ def make_engine(
     except EngineError as e:
         raise RolloutSetupError(f"config.model: {e}") from None
     if params is not None:
-        return JaxEngine(cfg, params, weight_version=str(version), **kw)  # the engine keeps its own copy
+        return Engine(cfg, params, weight_version=str(version), **kw)  # the engine keeps its own copy
     params = models.init_params(cfg, jax.random.key(int(config.seed)), mesh=mesh, rules=rules)
-    return JaxEngine(cfg, params, weight_version="init", **kw)
+    return Engine(cfg, params, weight_version="init", **kw)
 
 
 def engine_for_weights(rollout: Any, *, mesh: Any, rules: Any, serve: Any, params: Any, model_cfg: Any, version: str,

@@ -95,6 +95,9 @@ class GenerateResult:
     # (the embedded engine swaps weights between decode chunks, so a long request may see two);
     # `weight_version` is the first. Empty: `weight_version` alone.
     weight_versions: tuple[str, ...] = ()
+    # Prompt tokens whose keys/values came from the engine's prefix cache instead of being computed
+    # (SGLang's `meta_info.cached_tokens`; OpenAI's `usage.prompt_tokens_details.cached_tokens`).
+    cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

@@ -243,7 +243,7 @@ def test_infra_failures_are_retried_then_dropped_never_rewarded(tok):
 
 
 class _RecordingEngine:
-    """Wraps the server's JaxEngine to record the weight loads `/update_weights_from_disk` asks for."""
+    """Wraps the server's Engine to record the weight loads `/update_weights_from_disk` asks for."""
 
     def __init__(self, inner):
         self.inner, self.loads = inner, []
@@ -262,12 +262,12 @@ def test_sglang_weight_sync_over_http(tmp_path, tok):
 
     SGLang itself is a GPU-only install, so the server here is the project's SGLang-API server
     (`mpa serve`'s app: `/generate`, `/update_weights_from_disk`, `/flush_cache`, driving a real
-    `JaxEngine`), with one stand-in part: its engine is wrapped to record each weight load. Checked
+    `Engine`), with one stand-in part: its engine is wrapped to record each weight load. Checked
     after every step: the server was told to load `<workdir>/sync/weights-<version>` with the counted
     version, the exported files hold exactly the learner's weights, and the server's engine samples
     with them."""
     from mpa_jax import models
-    from mpa_jax.rollout.jax_engine import JaxEngine
+    from mpa_jax.rollout.jax_engine import Engine
     from mpa_jax.rollout.server import ServerThread, create_app
 
     cfg = _config(tok, steps=2)
@@ -276,7 +276,7 @@ def test_sglang_weight_sync_over_http(tmp_path, tok):
     start = str(tmp_path / "server-start")
     models.save_pretrained(models.Model(mcfg, models.registry.family_module(mcfg.family).init_params(mcfg, jax.random.key(9))),
                            start, dtype="float32")
-    served = _RecordingEngine(JaxEngine.from_pretrained(start, max_batch=16, weight_version="start"))
+    served = _RecordingEngine(Engine.from_pretrained(start, max_batch=16, weight_version="start"))
     seen = []
     with ServerThread(create_app(served, tok, model_path=start, max_batch=16)) as server:
         cfg.rollout.engine, cfg.rollout.sglang_url = "sglang", server.url

@@ -13,7 +13,7 @@ from mpa_jax import models  # noqa: E402
 from mpa_jax import tokenizer as tk  # noqa: E402
 from mpa_jax.config import load_config_file  # noqa: E402
 from mpa_jax.envs import Trajectory, load_tasks, read_jsonl  # noqa: E402
-from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+from mpa_jax.rollout.jax_engine import Engine  # noqa: E402
 from mpa_jax.eval import Evaluator, eval_metrics  # noqa: E402
 from mpa_jax.rollout.testing import tiny_checkpoint  # noqa: E402
 
@@ -42,7 +42,7 @@ def test_sampled_rollouts_logprobs_match_learner_on_the_whole_trajectory(setup):
 
     config, tok = setup["config"], setup["tok"]
     config.rollout.temperature = 1.0
-    engine = JaxEngine.from_pretrained(setup["ckpt"], max_batch=4)
+    engine = Engine.from_pretrained(setup["ckpt"], max_batch=4)
     out = str(setup["root"] / "sampled.jsonl")
     Evaluator(config, setup["tasks"], tokenizer=tok, progress=False).run(engine, out, greedy=False, seed=3)
     trajs = read_jsonl(out, Trajectory)

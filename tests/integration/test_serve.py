@@ -93,10 +93,10 @@ def test_bad_requests_get_400_naming_the_field(tok):
 
 
 def test_engine_limits_are_checked_before_generation(tok, tmp_path):
-    from mpa_jax.rollout.jax_engine import JaxEngine
+    from mpa_jax.rollout.jax_engine import Engine
 
     ckpt = tiny_checkpoint(str(tmp_path / "c"), vocab_size=tok.vocab_size, seed=1, max_position_embeddings=64)
-    with ServerThread(create_app(JaxEngine.from_pretrained(ckpt), tok)) as server:
+    with ServerThread(create_app(Engine.from_pretrained(ckpt), tok)) as server:
         u = server.url
         _assert_400(httpx.post(u + "/generate", json={"input_ids": [[1, 2], [tok.vocab_size]], "sampling_params": {"max_new_tokens": 4}}), "input_ids[1]")
         _assert_400(httpx.post(u + "/generate", json={"input_ids": [1] * 60, "sampling_params": {"max_new_tokens": 8}}), "input_ids")

@@ -14,7 +14,7 @@ import jax  # noqa: F401
 import openai
 
 from mpa_jax import tokenizer as tk  # noqa: E402
-from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+from mpa_jax.rollout.jax_engine import Engine  # noqa: E402
 from mpa_jax.rollout.server import ServerThread, create_app  # noqa: E402
 from mpa_jax.rollout.testing import ScriptedEngine, tiny_checkpoint  # noqa: E402
 
@@ -32,7 +32,7 @@ def tok():
 def real(tok, tmp_path_factory):
     """A random tiny model whose embedding is padded past the tokenizer (as the tiny config's), served."""
     ckpt = tiny_checkpoint(str(tmp_path_factory.mktemp("oa") / "m"), vocab_size=tok.vocab_size + 200, seed=4)
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=32, vocab_limit=tok.vocab_size, min_prompt_bucket=64)
+    engine = Engine.from_pretrained(ckpt, max_batch=32, vocab_limit=tok.vocab_size)
     app = create_app(engine, tok, max_batch=64, batch_wait_s=0.05)
     with ServerThread(app) as server:
         yield server, app, engine

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -47,7 +48,9 @@ def test_slots_give_the_engines_tokens_and_admit_mid_generation(ckpt, tok):
         _assert_engine_results(got, ref)
         for r, want in zip(got, ref):
             assert [t for t, _ in r.top_logprobs[0]] == [t for t, _ in want.top_logprobs[0]]
-        assert engine.stats()["fallback_rows"] == 1  # 40 prompt tokens -> bucket 64, + 60 new > 96: the whole-batch program
+        # 40 prompt + 60 new > 96: a larger private decoder, for the reference (generate_batch runs on the same
+        # loop) and for the submitted request
+        assert engine.stats()["fallback_rows"] == 2
         # A short request sent while a long one runs finishes first: it joined the running batch (counted:
         # the long one had streamed only part of its tokens when the short one's result came).
         streamed: list[int] = []
@@ -86,7 +89,7 @@ def test_slots_over_two_replicas_give_the_engines_tokens(ckpt, tok):
         rest = [engine.submit(prompts[i], settings[i], i) for i in range(1, 6)]
         _assert_engine_results([first.result(300)] + [f.result(300) for f in rest], ref)
         stats = engine.stats()
-        assert stats["admitted"] == 6 and stats["prefills"] >= 3  # at most one prompt per replica per call
+        assert stats["admitted"] == 12 and stats["prefills"] >= 3  # 6 + the reference's 6 (same loop); one prompt per replica per call
     finally:
         engine.close()
 
@@ -130,6 +133,17 @@ def test_stream_arrives_while_generating_and_a_closed_stream_frees_its_slot(ckpt
                 break
         stream.close()
         assert timed_wait(lambda: not engine.busy, 60) and engine.stats()["cancelled_rows"] == cancelled + 1
+        # The prefix cache as SGLang and OpenAI report it: the same prompt again is served from the rows that
+        # hold it (all of it, or all but its last token, reused), and /server_info carries the running totals and programs.
+        again = c.completions.create(**{**kw, "max_tokens": 4})
+        n_prompt = again.usage.prompt_tokens
+        assert n_prompt - 1 <= again.usage.prompt_tokens_details.cached_tokens <= n_prompt
+        ids = tok.encode("set an alarm")
+        native = httpx.post(server.url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2,
+                            "temperature": 0.0}}, timeout=120).json()
+        assert len(ids) - 1 <= native["meta_info"]["cached_tokens"] <= len(ids)
+        state = httpx.get(server.url + "/server_info", timeout=30).json()["internal_states"][0]
+        assert state["cached_tokens"] >= n_prompt - 1 + len(ids) - 1 and 1 <= state["programs"] <= 6
 
 
 def test_streamed_tool_calls_go_out_as_each_call_closes(tok):

@@ -15,7 +15,7 @@ import jax  # noqa: F401
 import fastapi  # noqa: F401  (the serve extra; a missing install must fail, not skip)
 
 from mpa_jax import tokenizer as tk  # noqa: E402
-from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+from mpa_jax.rollout.jax_engine import Engine  # noqa: E402
 from mpa_jax.rollout.server import ServerThread, create_app  # noqa: E402
 from mpa_jax.rollout.sglang import SGLangEngine, parse_generate_item, sampling_payload  # noqa: E402
 from mpa_jax.rollout.testing import tiny_checkpoint  # noqa: E402
@@ -28,7 +28,7 @@ def setup(tmp_path_factory):
     tok = tk.build_tokenizer(tk.synthetic_corpus(200), 1024, None)
     ckpt = tiny_checkpoint(str(root / "a"), vocab_size=tok.vocab_size, seed=0)
     other = tiny_checkpoint(str(root / "b"), vocab_size=tok.vocab_size, seed=3)
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=4, weight_version="a")
+    engine = Engine.from_pretrained(ckpt, max_batch=4, weight_version="a")
     server = ServerThread(create_app(engine, tok, model_path=ckpt, max_batch=4)).start()
     yield {"tok": tok, "ckpt": ckpt, "other": other, "engine": engine, "server": server, "root": root}
     server.stop()
@@ -63,7 +63,7 @@ def test_health_model_info_and_weight_sync(setup):
     prompts = _prompts(tok)
     sp = SamplingParams(max_new_tokens=10, temperature=0.0)
     before = client.generate(prompts, sp)
-    expected = JaxEngine.from_pretrained(setup["other"], max_batch=4).generate(prompts, sp)
+    expected = Engine.from_pretrained(setup["other"], max_batch=4).generate(prompts, sp)
     client.update_weights(setup["other"], "b")  # /update_weights_from_disk, then /flush_cache
     after = client.generate(prompts, sp)
     assert client.weight_version == "b" and {r.weight_version for r in after} == {"b"}
@@ -71,7 +71,7 @@ def test_health_model_info_and_weight_sync(setup):
     assert client.model_info()["model_path"] == setup["other"]
     # From a params pytree: the client exports an HF checkpoint and has the server load it.
     from mpa_jax import models
-    from mpa_jax.rollout.sglang import hf_exporter
+    from mpa_jax.export_sync import hf_exporter
 
     original = models.from_pretrained(setup["ckpt"])
     client.exporter = hf_exporter(original.cfg, dtype="float32")
@@ -214,7 +214,7 @@ def test_ids_outside_the_tokenizer_are_an_engine_error_not_a_crash():
 @pytest.fixture(scope="module")
 def pair(setup):
     """A second `mpa serve` on the first one's weights: a worker list of two real servers."""
-    engine = JaxEngine.from_pretrained(setup["ckpt"], max_batch=4, weight_version="a")
+    engine = Engine.from_pretrained(setup["ckpt"], max_batch=4, weight_version="a")
     second = ServerThread(create_app(engine, setup["tok"], model_path=setup["ckpt"], max_batch=4)).start()
     yield [setup["server"], second]
     second.stop()
@@ -250,7 +250,7 @@ def test_worker_list_spreads_a_batch_and_syncs_every_worker(setup, pair):
     client.update_weights(setup["other"], "b")
     assert {httpx.get(s.url + "/model_info").json()["weight_version"] for s in pair} == {"b"}
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
-    expected = JaxEngine.from_pretrained(setup["other"], max_batch=4).generate(prompts, greedy)
+    expected = Engine.from_pretrained(setup["other"], max_batch=4).generate(prompts, greedy)
     after = client.generate(prompts, greedy)
     assert [r.token_ids for r in after] == [r.token_ids for r in expected] and {r.weight_version for r in after} == {"b"}
     client.update_weights(setup["ckpt"], "a")

@@ -10,7 +10,7 @@ from mpa_jax import tokenizer as tk  # noqa: E402
 from mpa_jax.envs import load_tasks, make_env  # noqa: E402
 from mpa_jax.eval import eval_metrics  # noqa: E402
 from mpa_jax.rollout.runner import EpisodeConfig, run_episodes  # noqa: E402
-from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+from mpa_jax.rollout.jax_engine import Engine  # noqa: E402
 from mpa_jax.rollout.testing import tiny_checkpoint  # noqa: E402
 
 FINISH = {"answer", "max_turns", "max_tokens", "infra"}
@@ -45,7 +45,7 @@ def _check(trajs, tasks, cfg):
 
 def test_hot_sampling_from_an_untrained_model_finishes_every_episode(setup):
     tok, ckpt, tasks, longest = setup
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=16, vocab_limit=tok.vocab_size)
+    engine = Engine.from_pretrained(ckpt, max_batch=16, vocab_limit=tok.vocab_size)
     # The token budget lets some episodes run out of room (the max_tokens path) while others end otherwise.
     cfg = EpisodeConfig.defaults(max_turns=3, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3, max_output_errors=0)
     trajs = run_episodes(engine, tok, tasks, lambda: make_env("sandbox"), cfg)
@@ -61,7 +61,7 @@ def test_without_the_vocabulary_rule_undecodable_ids_end_episodes_as_infra(setup
     """An engine that samples the padding rows (no vocab_limit): those episodes end as infra with the
     reason, the others go on; nothing raises."""
     tok, ckpt, tasks, longest = setup
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=16)
+    engine = Engine.from_pretrained(ckpt, max_batch=16)
     cfg = EpisodeConfig.defaults(max_turns=2, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10, seed=3, max_output_errors=0)
     trajs = run_episodes(engine, tok, tasks, lambda: make_env("sandbox"), cfg)
     summary = _check(trajs, tasks, cfg)

@@ -1,6 +1,8 @@
-"""Slot decoding (`models.prefill_slots` / `models.decode_slots`), every family: rows admitted at
-different times into ring caches (the write column wrapping around), stepped together, retired and
-reused, give at every step the full forward pass's logits of their own sequence."""
+"""Slot decoding and the prefix cache at the model level (`models.extend_slots`, `place_slots`,
+`decode_slots`), every family: rows admitted in chunks, stepped together at their own columns, retired
+(their tokens kept), continued by a next turn, shared with another row (a copied prefix, for the hybrid
+family only whole: its DeltaNet state is that of all a row holds) and cut back, give at every step the
+full forward pass's logits of their own sequence."""
 from __future__ import annotations
 
 import jax
@@ -20,40 +22,48 @@ MOE = QWEN35.replace(family="qwen3_5_moe", num_experts=4, num_experts_per_tok=2,
                      shared_expert_intermediate_size=24, expert_layout="fused")
 CASES = {"qwen3": QWEN3, "qwen3_5": QWEN35, "qwen3_5_moe": MOE, "qwen3_5_scanned": QWEN35.replace(scan_layers=True)}
 
-SLOTS, MAX_LEN, WIDTH = 4, 24, 8  # prompts left-padded to 8 columns; 24 ring columns, so the head wraps
+SLOTS, COLS, CHUNK = 4, 40, 4  # chunks of 4 tokens: prompts of 5..9 tokens take two or three calls
 
 
 class _Rows:
-    """Host bookkeeping of the slot rows: what each holds, the ring head, and the logits to check."""
+    """Host bookkeeping of the slot rows: what each holds and the logits to check."""
 
-    def __init__(self, cfg, params, head: int) -> None:
-        self.cfg, self.params, self.head = cfg, params, head
-        self.state = models.init_slot_state(cfg, SLOTS, MAX_LEN)
-        self.seq: dict[int, list[int]] = {}  # row -> prompt + tokens fed so far
+    def __init__(self, cfg, params) -> None:
+        self.cfg, self.params = cfg, params
+        self.state = models.init_slot_state(cfg, SLOTS, COLS)
+        self.seq: dict[int, list[int]] = {}  # row -> the tokens whose keys/values it holds
         self.live = np.zeros((SLOTS,), bool)
-        self.checks: list[tuple[int, int, np.ndarray]] = []  # (request, its tokens so far, logits after the last one)
-        self.request: dict[int, int] = {}  # row -> request number
-        self.requests: list[list[int]] = []  # each request's whole sequence
-        self.prefill = jax.jit(lambda p, s, ids, m, rows, col: models.prefill_slots(cfg, p, s, ids, m, rows, col))
-        self.step = jax.jit(lambda p, tok, pos, live, s, col: models.decode_slots(cfg, p, tok, pos, live, s, col))
+        self.pending: dict[int, int] = {}  # row -> its last sampled token, not yet fed (live rows)
+        self.checks: list[tuple[list[int], np.ndarray]] = []  # (sequence, logits after its last token)
+        self.extend = jax.jit(lambda p, s, ids, n, rows, starts: models.extend_slots(cfg, p, s, ids, n, rows, starts))
+        self.place = jax.jit(lambda s, src, dst, keep: models.place_slots(cfg, s, src, dst, keep))
+        self.step = jax.jit(lambda p, tok, pos, live, s: models.decode_slots(cfg, p, tok, pos, live, s, pos))
 
-    def admit(self, prompts: dict[int, list[int]]) -> None:
-        n = 3  # every call the same shape (one compile); rows past the prompts are filler
-        ids = np.zeros((n, WIDTH), np.int32)
-        mask = np.zeros((n, WIDTH), np.int32)
-        mask[:, -1] = 1  # filler rows: one real token
-        rows = np.full((n,), SLOTS, np.int32)  # out of range: dropped
-        for j, (row, p) in enumerate(prompts.items()):
-            ids[j, WIDTH - len(p):] = p
-            mask[j, WIDTH - len(p):] = 1
-            rows[j] = row
-        logits, self.state = self.prefill(self.params, self.state, ids, mask, rows, jnp.int32(self.head))
-        for j, (row, p) in enumerate(prompts.items()):
-            self.seq[row] = list(p)
-            self.request[row] = len(self.requests)
-            self.requests.append(self.seq[row])
-            self.live[row] = True
-            self.checks.append((self.request[row], len(p), np.asarray(logits[j])))
+    def place_rows(self, moves: list[tuple[int, int, int]]) -> None:
+        src, dst, keep = (np.full((3,), v, np.int32) for v in (0, SLOTS, 0))  # filler: dropped
+        for j, (a, b, k) in enumerate(moves):
+            src[j], dst[j], keep[j] = a, b, k
+        self.state = self.place(self.state, src, dst, keep)
+        seqs = {b: list(self.seq.get(a, []))[:k] for a, b, k in moves}
+        self.seq.update(seqs)
+
+    def feed(self, new: dict[int, list[int]]) -> None:
+        """Continue rows by their new tokens, CHUNK at a time; each ends live with its logits checked."""
+        new = {r: list(t) for r, t in new.items()}
+        while any(new.values()):
+            ids = np.zeros((3, CHUNK), np.int32)
+            n, rows, starts = np.zeros((3,), np.int32), np.full((3,), SLOTS, np.int32), np.zeros((3,), np.int32)
+            part = [(r, t[:CHUNK]) for r, t in new.items() if t]
+            for j, (r, toks) in enumerate(part):
+                ids[j, : len(toks)] = toks
+                n[j], rows[j], starts[j] = len(toks), r, len(self.seq[r])
+            logits, self.state = self.extend(self.params, self.state, ids, n, rows, starts)
+            for j, (r, toks) in enumerate(part):
+                self.seq[r] += toks
+                new[r] = new[r][len(toks):]
+                if not new[r]:
+                    self.checks.append((list(self.seq[r]), np.asarray(logits[j])))
+                    self.live[r] = True
 
     def run(self, steps: int, rng: np.random.Generator, stop_after: dict[int, int] | None = None) -> None:
         stop_after = dict(stop_after or {})
@@ -61,40 +71,52 @@ class _Rows:
             tok = rng.integers(1, self.cfg.vocab_size, SLOTS).astype(np.int32)
             pos = np.array([len(self.seq.get(r, [])) for r in range(SLOTS)], np.int32)
             live = self.live.copy()
-            logits, self.state = self.step(self.params, tok, pos, live, self.state, jnp.int32(self.head))
-            self.head = (self.head + 1) % MAX_LEN
+            logits, self.state = self.step(self.params, tok, pos, live, self.state)
             for r in np.flatnonzero(live):
                 self.seq[r].append(int(tok[r]))
-                self.checks.append((self.request[r], len(self.seq[r]), np.asarray(logits[r])))
+                self.checks.append((list(self.seq[r]), np.asarray(logits[r])))
                 if stop_after.get(int(r)) == k + 1:
-                    self.live[r] = False  # retired: its row rides along masked until reused
+                    self.live[r] = False  # retired: it keeps what it holds for a next turn
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_slot_rows_at_different_positions_equal_the_full_forward(name):
+def test_slot_rows_continued_shared_and_cut_equal_the_full_forward(name):
     cfg = CASES[name]
+    hybrid = cfg.family != "qwen3"
     # Scaled so that logits are far from uniform (a wrong cache column would show).
     params = jax.tree.map(lambda x: 3.0 * x + 0.01, models.init_params(cfg, jax.random.key(3)))
-    rows = _Rows(cfg, models.decode_params(cfg, params), head=15)
+    rows = _Rows(cfg, models.decode_params(cfg, params))
     rng = np.random.default_rng(0)
     prompt = lambda n: rng.integers(1, cfg.vocab_size, n).tolist()  # noqa: E731
-    rows.admit({1: prompt(5)})  # alone first
+    rows.place_rows([(1, 1, 0)])
+    rows.feed({1: prompt(5)})  # alone first, two chunks
     rows.run(3, rng)
-    rows.admit({3: prompt(7), 0: prompt(2)})  # two more at a later head (and a filler row, dropped)
-    rows.run(6, rng, stop_after={0: 2})  # row 0 ends after 2 tokens and stays masked
-    rows.admit({0: prompt(8)})  # row 0 reused: nothing of its old request may leak (caches and DeltaNet state)
-    rows.run(7, rng)
-    assert rows.head < 15  # the write column wrapped around the ring
-    assert len(rows.checks) == 4 + 3 + (6 * 2 + 2) + 7 * 3
-    # One forward pass over every request's whole sequence (right-padded: causal, so a prefix's logits
-    # are those of the prefix alone).
-    ids = np.zeros((len(rows.requests), MAX_LEN + WIDTH), np.int32)
-    for i, seq in enumerate(rows.requests):
+    rows.place_rows([(3, 3, 0), (0, 0, 0)])
+    rows.feed({3: prompt(9), 0: prompt(2)})  # two more, three chunks and one
+    rows.run(6, rng, stop_after={0: 2, 1: 4})  # rows 0 and 1 end and keep their tokens
+    held0 = len(rows.seq[0])
+    rows.feed({0: prompt(6)})  # row 0's next turn: only its new tokens are computed
+    # Row 2 shares row 1's tokens (a group's shared prompt / a common prefix): whole for the hybrid
+    # families, a prefix for attention-only models. Row 1 is cut back to a prefix (attention only).
+    keep = len(rows.seq[1]) if hybrid else 4
+    moves = [(1, 2, keep)] + ([] if hybrid else [(1, 1, 3)])
+    rows.place_rows(moves)
+    rows.feed({2: prompt(3), **({} if hybrid else {1: prompt(2)})})
+    rows.run(5, rng)
+    assert held0 > 0 and len(rows.checks) > 20
+    # One forward pass over every checked sequence (right-padded: causal, so a prefix's logits are
+    # those of the prefix alone).
+    seqs = {tuple(s) for s, _ in rows.checks}
+    longest = max(len(s) for s in seqs)
+    order = sorted(seqs)
+    ids = np.zeros((len(order), longest), np.int32)
+    for i, seq in enumerate(order):
         ids[i, : len(seq)] = seq
     ref = np.asarray(jax.jit(lambda p, x: models.forward(cfg, p, x))(params, ids))
+    at = {s: i for i, s in enumerate(order)}
     worst = 0.0
-    for req, n, got in rows.checks:
-        want = ref[req, n - 1]
+    for seq, got in rows.checks:
+        want = ref[at[tuple(seq)], len(seq) - 1]
         worst = max(worst, float(np.abs(got - want).max() / np.abs(want).max()))
     assert worst < 1e-4, worst
 

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from mpa_jax import models  # noqa: E402
-from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+from mpa_jax.rollout.jax_engine import Engine  # noqa: E402
 from mpa_jax.rollout.testing import tiny_checkpoint  # noqa: E402
 from mpa_jax.rollout.types import EngineError, SamplingParams  # noqa: E402
 
@@ -30,7 +30,7 @@ def hf_model(ckpt):
 
 @pytest.fixture(scope="module")
 def engine(ckpt):
-    return JaxEngine.from_pretrained(ckpt, max_batch=4)
+    return Engine.from_pretrained(ckpt, max_batch=4)
 
 
 def _prompts(lengths, seed=0):
@@ -115,24 +115,21 @@ def test_stop_token_ends_row_and_is_kept(engine):
     assert res[1].token_ids == other[:cut]
 
 
-def test_new_lengths_and_settings_inside_buckets_do_not_recompile(engine):
+def test_any_mix_of_prompt_lengths_compiles_a_bounded_set_of_programs(ckpt):
+    """Prompts are prefilled in fixed-size chunks and decode chunks attend over one of two spans, so the
+    programs of one sampling path do not grow with the mix of lengths, settings or batch sizes."""
+    engine = Engine.from_pretrained(ckpt, max_batch=4)
     sp = SamplingParams(max_new_tokens=8, temperature=0.0)
-    # The slot programs prompts of 3..32 tokens and 8 new tokens can use, compiled up front (as benches do).
-    assert engine.warmup(3, 8, greedy=True) >= 1 and engine.warmup(20, 8, greedy=True) >= 1
-    before = engine.compiles
-    assert before >= 1  # the counter sees compilations at all
     engine.generate(_prompts((20, 3)), sp)
-    engine.generate(_prompts((25, 30, 9)), sp)
-    engine.generate(_prompts((18, 5)), sp.replace(max_new_tokens=5))
-    engine.generate(_prompts((17, 4)), sp.replace(stop_token_ids=(1, 2, 3)))
-    assert engine.compiles == before
-    # The whole-batch program: one compile per shape bucket and sampling path.
-    engine.generate_batch(_prompts((20, 3)), sp)
-    before = engine.compiles
-    engine.generate_batch(_prompts((25, 30)), sp)
-    engine.generate_batch(_prompts((18, 5)), sp.replace(max_new_tokens=5))
-    engine.generate_batch(_prompts((17, 4)), sp.replace(stop_token_ids=(1, 2, 3)))
-    assert engine.compiles == before
+    engine.generate(_prompts((25, 30, 9, 1, 2, 4, 8)), sp)
+    engine.generate(_prompts((18,)), sp.replace(max_new_tokens=5))
+    before, programs = engine.compiles, engine.programs
+    assert programs <= 6, engine.stats()  # distinct programs of this sampling path (compiled once, shared by engines)
+    engine.generate(_prompts((17, 4, 60, 11)), sp.replace(stop_token_ids=(1, 2, 3)))
+    engine.generate(_prompts((5, 40, 33)), sp.replace(max_new_tokens=3))
+    engine.generate_batch(_prompts((7, 50)), sp)
+    assert engine.compiles == before and engine.programs == programs
+    engine.close()
 
 
 def test_bad_inputs_are_named(engine):
@@ -146,13 +143,13 @@ def test_bad_inputs_are_named(engine):
 
 
 def test_update_weights_from_params_and_from_directory(ckpt, tmp_path):
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=4, weight_version="v0")
+    engine = Engine.from_pretrained(ckpt, max_batch=4, weight_version="v0")
     prompts = _prompts((9, 13), seed=5)
     sp = SamplingParams(max_new_tokens=12, temperature=0.0)
     before = engine.generate(prompts, sp)
     assert {r.weight_version for r in before} == {"v0"}
     other = tiny_checkpoint(str(tmp_path / "other"), vocab_size=VOCAB, seed=7)
-    fresh = JaxEngine.from_pretrained(other, max_batch=4).generate(prompts, sp)
+    fresh = Engine.from_pretrained(other, max_batch=4).generate(prompts, sp)
     assert [r.token_ids for r in fresh] != [r.token_ids for r in before]
 
     engine.update_weights(other, "v1")  # an exported checkpoint directory
@@ -176,7 +173,7 @@ def test_sharded_engine_matches_single_device(ckpt, engine):
 
     assert jax.device_count() >= 4, "needs XLA_FLAGS=--xla_force_host_platform_device_count>=4 (tests/conftest.py sets 8)"
     mesh = sharding.make_mesh((2, 1, 2, 1), jax.devices()[:4])
-    sharded = JaxEngine.from_pretrained(ckpt, mesh=mesh, max_batch=4)
+    sharded = Engine.from_pretrained(ckpt, mesh=mesh, max_batch=4)
     prompts = _prompts((6, 15, 10), seed=6)
     sp = SamplingParams(max_new_tokens=10, temperature=0.0)
     assert [r.token_ids for r in sharded.generate(prompts, sp)] == [r.token_ids for r in engine.generate(prompts, sp)]
@@ -188,7 +185,7 @@ def test_replicas_split_the_batch_and_decode_as_one_device(ckpt, engine):
     """Weight replicas on 2 host devices (the CPU path to a second core): same tokens, log-probs and
     weight updates as the one-device engine; each replica holds the whole model."""
     assert jax.local_device_count() >= 2, "needs XLA host devices (tests/conftest.py sets 8)"
-    rep = JaxEngine.from_pretrained(ckpt, max_batch=4, replicas=2)
+    rep = Engine.from_pretrained(ckpt, max_batch=4, replicas=2)
     leaf = rep.params["model"]["embed_tokens"]["weight"]
     assert len(leaf.sharding.device_set) == 2 and leaf.sharding.is_fully_replicated
     prompts = _prompts((6, 15, 10), seed=7)  # 3 rows: one replica also decodes a filler row
@@ -198,7 +195,7 @@ def test_replicas_split_the_batch_and_decode_as_one_device(ckpt, engine):
         np.testing.assert_allclose([r.logprobs for r in got], [r.logprobs for r in want], atol=1e-5)
     # A weight update reaches every replica.
     new = jax.tree.map(lambda x: x * 1.5, engine.params)
-    single = JaxEngine(engine.cfg, new, max_batch=4)
+    single = Engine(engine.cfg, new, max_batch=4)
     rep.update_weights(new, "scaled")
     sp = SamplingParams(max_new_tokens=12, temperature=0.0)
     assert [r.token_ids for r in rep.generate(prompts, sp)] == [r.token_ids for r in single.generate(prompts, sp)]
@@ -209,9 +206,9 @@ def test_replicas_are_checked(ckpt):
     from mpa_jax import sharding
 
     with pytest.raises(ValueError, match="replicas=64 but only"):
-        JaxEngine.from_pretrained(ckpt, replicas=64)
+        Engine.from_pretrained(ckpt, replicas=64)
     with pytest.raises(ValueError, match="1 with a mesh"):
-        JaxEngine.from_pretrained(ckpt, mesh=sharding.make_mesh((2, 1, 1, 1), jax.devices()[:2]), replicas=2)
+        Engine.from_pretrained(ckpt, mesh=sharding.make_mesh((2, 1, 1, 1), jax.devices()[:2]), replicas=2)
 
 
 def test_rows_with_different_settings_share_a_batch_and_top_logprobs(engine):
@@ -297,7 +294,7 @@ def test_weight_update_between_chunks_labels_every_result(ckpt):
     versions (first: the one its first token came from); requests after it see only the new weights."""
     import threading
 
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=4, weight_version="a")
+    engine = Engine.from_pretrained(ckpt, max_batch=4, weight_version="a")
     prompt = _prompts((7,), seed=11)[0]
     sp = SamplingParams(max_new_tokens=120, temperature=0.0)
     before = engine.generate([prompt], sp)[0]
@@ -325,7 +322,7 @@ def test_weight_update_between_chunks_labels_every_result(ckpt):
     n = next(i for i, (x, y) in enumerate(zip(res.token_ids, before.token_ids)) if x != y)  # the new weights took over
     assert 0 < n < 120
     after = engine.generate([prompt], sp)[0]
-    assert after.weight_versions == ("b",) and after.token_ids == JaxEngine(engine.cfg, new, max_batch=4).generate([prompt], sp)[0].token_ids
+    assert after.weight_versions == ("b",) and after.token_ids == Engine(engine.cfg, new, max_batch=4).generate([prompt], sp)[0].token_ids
 
 
 def test_engine_owns_its_weights(ckpt):
@@ -333,7 +330,7 @@ def test_engine_owns_its_weights(ckpt):
     donates its arrays afterwards leaves the engine working."""
     params = models.from_pretrained(ckpt).params
     params = jax.tree.map(jax.numpy.asarray, params)
-    engine = JaxEngine(models.from_pretrained(ckpt).cfg, params, max_batch=2)
+    engine = Engine(models.from_pretrained(ckpt).cfg, params, max_batch=2)
     prompts = _prompts((5,), seed=12)
     sp = SamplingParams(max_new_tokens=6, temperature=0.0)
     ref = engine.generate(prompts, sp)[0].token_ids
@@ -351,7 +348,7 @@ def test_idle_loop_thread_ends_and_restarts_and_close_answers_the_queue(ckpt):
     starts it again; `close()` frees the slots and a later request builds them again."""
     from mpa_jax.rollout.slots import timed_wait
 
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=2, idle_exit_s=0.0)
+    engine = Engine.from_pretrained(ckpt, max_batch=2, idle_exit_s=0.0)
     prompts = _prompts((6, 4), seed=13)
     sp = SamplingParams(max_new_tokens=5, temperature=0.0)
     first = engine.generate(prompts, sp)
@@ -367,7 +364,7 @@ def test_weights_from_the_host_are_copied_too(ckpt):
     an engine given host copies of a learner's arrays still shares no buffer with them."""
     params = jax.tree.map(jax.numpy.asarray, models.from_pretrained(ckpt).params)
     pointers = {x.unsafe_buffer_pointer() for x in jax.tree.leaves(params)}
-    engine = JaxEngine(models.from_pretrained(ckpt).cfg, jax.device_get(params), max_batch=2)
+    engine = Engine(models.from_pretrained(ckpt).cfg, jax.device_get(params), max_batch=2)
     engine.update_weights(jax.device_get(params), "host")
     assert not pointers & {x.unsafe_buffer_pointer() for x in jax.tree.leaves(engine.params)}
 
@@ -380,38 +377,30 @@ def test_a_batch_on_an_idle_engine_is_bitwise_reproducible(ckpt, engine):
     sp = SamplingParams(max_new_tokens=21, temperature=1.0)
     engine.generate(_prompts((25, 3, 9), seed=15), sp.replace(max_new_tokens=13), seeds=[7, 8, 9])  # something else first
     used = engine.generate(prompts, sp, seeds=[1, 2, 3, 4, 5])
-    fresh = JaxEngine.from_pretrained(ckpt, max_batch=4).generate(prompts, sp, seeds=[1, 2, 3, 4, 5])
+    fresh = Engine.from_pretrained(ckpt, max_batch=4).generate(prompts, sp, seeds=[1, 2, 3, 4, 5])
     assert [r.token_ids for r in used] == [r.token_ids for r in fresh]
     assert [r.logprobs for r in used] == [r.logprobs for r in fresh]
 
 
-def test_other_prefill_buckets_give_the_same_tokens(ckpt):
-    """`prefill_step` / `prefill_row_base` (configs/rl_lift_gpu.py: fewer compiled prefill programs on an
-    accelerator) change only the padding: the slot path still gives the whole-batch program's tokens. Here
-    widths are multiples of 16 above 16 (finer than the default's for these prompts) and rows 1, 4, 16."""
-    from mpa_jax.rollout.slots import _rows, prompt_bucket
-
-    lengths = (5, 23, 40, 3, 60, 17, 33, 9, 47)
-    assert sorted({prompt_bucket(n, 4) for n in lengths}) == [4, 8, 16, 32, 64]
-    assert sorted({prompt_bucket(n, 4, step=16) for n in lengths}) == [4, 8, 16, 32, 48, 64]
-    assert sorted({prompt_bucket(n, 4, step=16) for n in range(17, 200)}) == list(range(32, 224, 16))
-    assert [_rows(n, 4, 16) for n in (1, 2, 4, 5, 16, 30)] == [1, 4, 4, 16, 16, 16]
-    coarse = JaxEngine.from_pretrained(ckpt, max_batch=4, prefill_step=16, prefill_row_base=4)
-    prompts = _prompts(lengths, seed=21)
+def test_other_prefill_chunks_give_the_same_tokens(ckpt):
+    """`prefill_chunk` (tokens per row of one prefill call) changes only how a prompt is split: 5-token
+    chunks give the default's tokens and log-probs; a bad size is named."""
+    fine = Engine.from_pretrained(ckpt, max_batch=4, prefill_chunk=5)
+    prompts = _prompts((5, 23, 40, 3, 60, 17, 33, 9, 47), seed=21)
     sp = SamplingParams(max_new_tokens=12, temperature=1.0)
     seeds = list(range(len(prompts)))
-    got, want = coarse.generate(prompts, sp, seeds), coarse.generate_batch(prompts, sp, seeds)
+    got, want = fine.generate(prompts, sp, seeds), Engine.from_pretrained(ckpt, max_batch=4).generate_batch(prompts, sp, seeds)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
-    with pytest.raises(ValueError, match="prefill_step"):
-        JaxEngine.from_pretrained(ckpt, max_batch=4, prefill_step=24).generate(prompts[:1], sp)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Engine.from_pretrained(ckpt, max_batch=4, prefill_chunk=0)
     import os
 
     from mpa_jax.config import load_config_file
     from mpa_jax.rollout.engines import RolloutSetupError, make_engine
 
     config = load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "tiny.py"))
-    config.rollout.prefill_row_base = 3
-    with pytest.raises(RolloutSetupError, match="config.rollout.prefill_row_base must be 2 or 4, got 3"):
+    config.rollout.prefill_chunk = 0
+    with pytest.raises(RolloutSetupError, match="config.rollout.prefill_chunk must be >= 1, got 0"):
         make_engine(config, ckpt)

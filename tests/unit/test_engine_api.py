@@ -46,13 +46,13 @@ def test_engine_satisfies_the_streaming_protocol():
     import jax
 
     from mpa_jax import models
-    from mpa_jax.rollout.jax_engine import Engine, JaxEngine
+    from mpa_jax.rollout.jax_engine import Engine
     from mpa_jax.rollout.types import RolloutEngine, SamplingParams, StreamingEngine
 
     cfg = models.ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                              num_key_value_heads=1, head_dim=8, max_position_embeddings=128)
-    engine = JaxEngine(cfg, models.init_params(cfg, jax.random.key(0)), max_batch=2, vocab_limit=60, weight_version="w")
-    assert JaxEngine is Engine and isinstance(engine, RolloutEngine) and isinstance(engine, StreamingEngine)
+    engine = Engine(cfg, models.init_params(cfg, jax.random.key(0)), max_batch=2, vocab_limit=60, weight_version="w")
+    assert isinstance(engine, RolloutEngine) and isinstance(engine, StreamingEngine)
     assert (engine.vocab_limit, engine.max_positions, engine.weight_version, engine.replicas) == (60, 128, "w", 1)
     assert engine.replica_mesh is None and engine.mesh is None and engine.param_sharding is not None
     with pytest.raises(ValueError, match="empty"):

@@ -46,7 +46,8 @@ EXPECTED = {
     "serve": ["1 clients", "16 clients"],
     "tool_retrieval": ["tool recall@8", "latency p50"],
     "train_step": ["SFT step tokens/s"],
-    "prefill_buckets": ["prefill programs, buckets 256:2", "prefill padding, buckets 1024:4"],
+    "engine_reuse": ["evaluation episodes/s", "evaluation prefill per prompt-side token", "RL groups prefill per prompt-side token",
+                     "compiles, 200-prompt mix"],
     "fleet": ["2 workers via router", "1 worker via router", "latency via router"],
 }
 

@@ -130,7 +130,7 @@ def test_rl_task_source_draws_injection_tasks(tasks):
     from mpa_jax.rollout.runner import EnvFactory
 
     config = get_config()
-    src = TaskSource.from_config(config, tasks=tasks)
+    src = TaskSource(config.rl, config.envs, config.tasks, int(config.seed), tasks=tasks)
     drawn = src.draw(0, 4)
     assert drawn and all(kind == "sandbox" and t.template.startswith("inject.") for kind, t in drawn)
     kind, t = drawn[0]

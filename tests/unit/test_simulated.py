@@ -178,13 +178,13 @@ def test_tiny_embedded_model_as_simulator_backend(tasks):
 
     from mpa_jax import models
     from mpa_jax import tokenizer as tk
-    from mpa_jax.rollout.jax_engine import JaxEngine
+    from mpa_jax.rollout.jax_engine import Engine
     from mpa_jax.rollout.types import SamplingParams
 
     tok = tk.build_tokenizer(tk.synthetic_corpus(200), 512, None)
     cfg = models.ModelConfig(family="qwen3", vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096)
-    engine = JaxEngine(cfg, models.init_params(cfg, jax.random.key(0)), max_batch=1)
+    engine = Engine(cfg, models.init_params(cfg, jax.random.key(0)), max_batch=1)
     backend = engine_backend(engine, tok, SamplingParams(max_new_tokens=24, temperature=1.0, seed=3))
     env = SimulatedEnv(backend, max_retries=1)
     task = tasks[0]

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from mpa_jax import models  # noqa: E402
 from mpa_jax.kernels.logprobs import chunked_logprobs, naive_logprobs  # noqa: E402
 from mpa_jax.rollout import sampling  # noqa: E402
-from mpa_jax.rollout.jax_engine import JaxEngine  # noqa: E402
+from mpa_jax.rollout.jax_engine import Engine  # noqa: E402
 from mpa_jax.rollout.testing import tiny_checkpoint  # noqa: E402
 from mpa_jax.rollout.types import EngineError, SamplingParams  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_engine_never_samples_padding_and_logprobs_equal_learner(ckpt, replicas=
     """Temperatures 1 and 2 over a random model whose padding rows hold ~40% of the vocabulary: without
     the mask, hundreds of the sampled ids would be padding. Greedy and top-k paths too; two weight
     replicas (the CPU default), so the shard_map path is the one checked."""
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=8, replicas=replicas, vocab_limit=LIMIT)
+    engine = Engine.from_pretrained(ckpt, max_batch=8, replicas=replicas, vocab_limit=LIMIT)
     assert engine.vocab_limit == LIMIT
     rng = np.random.default_rng(1)
     prompts = [rng.integers(1, LIMIT, n).tolist() for n in (3, 9, 5, 14, 7, 4, 11, 6)]
@@ -94,14 +94,14 @@ def test_engine_never_samples_padding_and_logprobs_equal_learner(ckpt, replicas=
 
 def test_engine_without_limit_does_sample_padding_and_bad_limits_are_one_error(ckpt):
     """The mask is what keeps the ids in range: the same model and seed without a limit sample padding."""
-    engine = JaxEngine.from_pretrained(ckpt, max_batch=8)
+    engine = Engine.from_pretrained(ckpt, max_batch=8)
     assert engine.vocab_limit == VOCAB
     out = engine.generate([[1, 2, 3]] * 4, SamplingParams(max_new_tokens=32, temperature=2.0, seed=7))
     assert max(max(r.token_ids) for r in out) >= LIMIT
     with pytest.raises(EngineError, match="tokenizer has 513 ids but the model's embedding has only 512 rows"):
-        JaxEngine(engine.cfg, engine.params, vocab_limit=VOCAB + 1)
+        Engine(engine.cfg, engine.params, vocab_limit=VOCAB + 1)
     with pytest.raises(EngineError, match="positive int"):
-        JaxEngine(engine.cfg, engine.params, vocab_limit=0)
+        Engine(engine.cfg, engine.params, vocab_limit=0)
 
 
 def test_make_engine_takes_the_tokenizer_size_and_refuses_a_larger_tokenizer(ckpt):

@@ -19,7 +19,7 @@ Endpoints (the SGLang 0.5.x native subset documented in `mpa_jax.rollout.sglang`
                                     `message.tool_calls`; stream, n, logprobs/top_logprobs, stop, seed, usage
     POST /v1/completions            OpenAI (legacy) completions: prompt as text or token ids; the same options
 
-Batching: with the embedded JaxEngine (qwen3 family, no mesh) the server's rows are the slots of a
+Batching: with the embedded Engine (qwen3 family, no mesh) the server's rows are the slots of a
 decode loop (`server.slot_batcher`, `rollout.slots`): a request joins the running batch at the next
 decode chunk and leaves it when done. Other engines (or `batcher="call"`) use `server.batcher`: waiting
 requests are admitted into the next whole engine call.
@@ -84,7 +84,7 @@ def sglang_item(result: GenerateResult, text: str | None, return_logprob: bool, 
         "finish_reason": finish,
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": len(result.token_ids),
-        "cached_tokens": 0,
+        "cached_tokens": result.cached_tokens,  # prompt tokens reused from the engine's prefix cache
         "weight_version": result.weight_version,
     }
     if return_logprob:
@@ -278,8 +278,14 @@ def create_app(
             "max_running_requests": max_batch,
             "max_batch_size": max_batch,
             "context_length": _max_positions(engine),
-            "internal_states": [{"weight_version": engine.weight_version, "num_reqs": load.rows}],
+            "internal_states": [{"weight_version": engine.weight_version, "num_reqs": load.rows, **engine_counts()}],
         }
+
+    def engine_counts() -> dict[str, int]:
+        # The embedded engine's running totals (prefix cache, compiled programs); other engines have none.
+        stats = engine.stats() if callable(getattr(type(engine), "stats", None)) else {}
+        keys = ("prompt_tokens", "cached_tokens", "prefill_tokens", "programs", "compiles")
+        return {k: int(stats[k]) for k in keys if k in stats}
 
     @app.get("/server_info")
     async def get_server_info_new() -> dict[str, Any]:
@@ -406,7 +412,7 @@ def create_app(
             results = await results_of(stream, req.stop)
         outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
         shaped = [oa.chat_message(tokenizer, o, req.tools, prefix, req.parallel_tool_calls) for o in outs]
-        use = oa.usage(len(prompt), sum(o.completion_tokens for o in outs))
+        use = oa.usage(len(prompt), sum(o.completion_tokens for o in outs), max(r.cached_tokens for r in results))
         choices = [
             {"index": i, "message": msg, "finish_reason": finish,
              "logprobs": oa.chat_logprobs(tokenizer, o, req.logprobs) if req.logprobs is not None else None}
@@ -438,7 +444,7 @@ def create_app(
             stream = await start(req.prompts, req.params, req.n, req.seed, req.logprobs or 0, updates=bool(req.stop))
             results = await results_of(stream, req.stop)
         outs = [oa.shape_output(tokenizer, r, req.stop) for r in results]
-        use = oa.usage(n_prompt, sum(o.completion_tokens for o in outs))
+        use = oa.usage(n_prompt, sum(o.completion_tokens for o in outs), sum(r.cached_tokens for r in results) // req.n)
         choices = [
             {"index": i, "text": o.text, "finish_reason": o.finish_reason,
              "logprobs": oa.completion_logprobs(tokenizer, o, req.logprobs) if req.logprobs is not None else None}

@@ -182,8 +182,11 @@ def chat_message(tokenizer: Any, out: Output, tools: Any, prefix: str = "", para
     return message, finish
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI `usage`; `cached_tokens`: prompt tokens the engine reused from its prefix cache (the prompt
+    counted once: for n choices of one prompt, the most any choice reused)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": min(int(cached_tokens), prompt_tokens)}}
 
 
 def sse(obj: Any) -> str:
