@@ -44,9 +44,10 @@ from mpa_jax.harness.results import cap_result
 # default set, plus locale, time zone and temp dir); any other must be named by the server's entry (`env=`).
 BASE_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR")
 # A JSON-RPC line from a server may be at most this many times the answer cap (`harness.max_result_chars`; an
-# answer carries its text and structured copy, JSON-escaped) and at least WIRE_MIN_CHARS; with no cap,
+# answer carries its text and structured copy, JSON-escaped) and at least WIRE_MIN_CHARS (a capped answer is still
+# read whole once, for the digest of what was cut: a 6 MB git diff must pass); with no cap,
 # WIRE_MAX_CHARS. A server that sends more is stopped before its line fills our memory.
-WIRE_FACTOR, WIRE_MIN_CHARS, WIRE_MAX_CHARS = 64, 1 << 20, 64 << 20
+WIRE_FACTOR, WIRE_MIN_CHARS, WIRE_MAX_CHARS = 64, 32 << 20, 64 << 20
 STDERR_TAIL_LINES = 5  # the last stderr lines an error message quotes (the log file has them all)
 _GRACE_S = 2.0  # after stdin closes, the server may exit by itself this long before it is killed
 _LAUNCHERS = {"node", "deno", "bun", "bunx", "npx", "uvx", "pipx", "uv", "pnpm", "yarn"}

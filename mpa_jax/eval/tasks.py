@@ -28,6 +28,8 @@ HASHED_FIELDS = ("id", "domain", "category", "difficulty", "instruction", "tools
 # The categories the list was drawn from when it was registered: categories added since (conversations,
 # "followup") are outside it, so the recorded recipe still rebuilds the same 600 tasks.
 PREREGISTERED_CATEGORIES = ("tool_use", "memory", "skills", "subagent")
+# Template families added since (the prompt-injection scenarios, issue 52) are outside it for the same reason.
+PREREGISTERED_EXCLUDED = ("inject.",)
 
 
 class PreregisteredError(ValueError):
@@ -77,10 +79,12 @@ def stratified(tasks: Sequence[Any], n: int) -> list[Any]:
 
 
 def select_tasks(split: str, *, n: int = 0, n_seen: int = 0, n_held_out: int = 0, seed: int = 0,
-                 per_template: int = 0, categories: Sequence[str] | None = None) -> list[Any]:
+                 per_template: int = 0, categories: Sequence[str] | None = None,
+                 exclude_templates: Sequence[str] = ()) -> list[Any]:
     """Tasks of `split` (a split name or a task JSONL): `n_seen` of templates seen in training followed by
     `n_held_out` of held-out templates when either is set, else `n` of all (0 = every task); each part
-    stratified over (domain, category). `categories`: only tasks of these (None = all)."""
+    stratified over (domain, category). `categories`: only tasks of these (None = all); `exclude_templates`:
+    template-name prefixes left out."""
     from mpa_jax.envs import load_tasks
 
     if split == PREREGISTERED:
@@ -89,6 +93,8 @@ def select_tasks(split: str, *, n: int = 0, n_seen: int = 0, n_held_out: int = 0
     tasks = load_tasks(split, seed=seed, per_template=per_template)
     if categories is not None:
         tasks = [t for t in tasks if t.category in categories]
+    if exclude_templates:
+        tasks = [t for t in tasks if not t.template.startswith(tuple(exclude_templates))]
     if n_seen or n_held_out:
         ho = held_out_templates()
         seen = [t for t in tasks if t.template not in ho]
@@ -119,7 +125,8 @@ def build_preregistered(*, split: str = "test", seed: int = 0, per_template: int
     if split == PREREGISTERED:
         raise PreregisteredError("build_preregistered: split must be a benchmark split")
     tasks = select_tasks(split, n_seen=n_seen, n_held_out=n_held_out, seed=seed, per_template=per_template,
-                         categories=PREREGISTERED_CATEGORIES)
+                         categories=PREREGISTERED_CATEGORIES,
+                         exclude_templates=PREREGISTERED_EXCLUDED)
     entries = [{"id": t.id, "template": t.template, "group": template_group(t.template), "domain": t.domain,
                 "category": t.category, "sha256": task_digest(t)} for t in tasks]
     seen = [e["id"] for e in entries if e["group"] == "seen"]

@@ -138,7 +138,8 @@ def run_rl(config: Any, workdir: str, *, init: str | None = None, max_steps: int
         engine = engine_for_weights(config.rollout, mesh=config.mesh, rules=rules, serve=config.serve, params=learner.params,
                                     model_cfg=cfg, version=str(version), tokenizer=tokenizer, tokenizer_dir=hf_dir,
                                     export_root=os.path.join(workdir, "sync"))
-        runner = runner or EpisodeRunner.from_sections(envs=config.envs, context=config.context, harness=config.harness)
+        runner = runner or EpisodeRunner.from_sections(envs=config.envs, context=config.context, harness=config.harness,
+                                                           security=config.security)
         worker = RolloutWorker(source, runner, engine, tokenizer, rl=rl, rollout=config.rollout, seed=seed)
         worker.restore(prefetched)
         # A resumed run rewrites the steps after its checkpoint: the JSONL and TensorBoard drop the old ones.

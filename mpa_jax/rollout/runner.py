@@ -206,12 +206,13 @@ class EpisodeRunner:
         return cls(EnvFactory(config, default_kind=kind), pool=EnvPool(limits_from_config(config)), harness=session)
 
     @classmethod
-    def from_sections(cls, *, envs: Any, context: Any, harness: Any) -> "EpisodeRunner":
-        """`from_config` from the sections it reads: `config.envs`, `config.context`, `config.harness` (the RL
-        trainer passes these, not the whole config)."""
+    def from_sections(cls, *, envs: Any, context: Any, harness: Any, security: Any) -> "EpisodeRunner":
+        """`from_config` from the sections it reads: `config.envs`, `config.context`, `config.harness`,
+        `config.security` (the RL trainer passes these, not the whole config)."""
         import ml_collections
 
-        return cls.from_config(ml_collections.ConfigDict({"envs": envs, "context": context, "harness": harness}))
+        return cls.from_config(ml_collections.ConfigDict({"envs": envs, "context": context, "harness": harness,
+                                                          "security": security}))
 
     @property
     def harness_version(self) -> str:

@@ -17,7 +17,7 @@ from mpa_jax.harness.mcp import BASE_ENV, MCPServerTools, wire_limit
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROBE = [sys.executable, os.path.join(REPO, "tests", "data", "mcp_probe_server.py")]
-CAP = 1_000  # harness.max_result_chars of these servers: wire limit 1 MiB
+CAP = 1_000  # harness.max_result_chars of these servers: wire limit 32 MiB (the floor)
 TIMEOUT = 10  # harness.mcp_timeout_s: the start (the SDK import on a loaded host) and each call
 
 
@@ -56,7 +56,7 @@ def test_an_oversized_answer_is_cut_to_the_configured_cap(probe):
 
 def test_a_message_past_the_wire_limit_stops_the_server_and_the_next_call_works(probe):
     first = probe.pid
-    fb = probe.call("big", {"n": 2 * wire_limit(CAP)}, "b2")
+    fb = probe.call("big", {"n": wire_limit(CAP) + 4096}, "b2")
     assert fb.error_code == ErrorCode.INFRA and "past the limit of 1,048,576" in fb.message, fb.message
     assert probe.pid != first and probe.call("big", {"n": 10}, "b3").result == "x" * 10
 

@@ -229,7 +229,7 @@ def test_mixture_runs_all_three_kinds_with_per_kind_metrics():
         engine = ScriptedEngine(tok, _gold_script(tok, sb_tasks + sim_tasks))
         # the one runner: per-kind pool limits and live caps (one episode per device) from the config
         with EpisodeRunner.from_config(c, harness=False) as runner:
-            trajs = runner.run(engine, tok, [t for _, t in draws], EpisodeConfig(max_turns=16, max_new_tokens=256, batch_size=8),
+            trajs = runner.run(engine, tok, [t for _, t in draws], EpisodeConfig.defaults(max_turns=16, max_new_tokens=256, batch_size=8),
                                kinds=[k for k, _ in draws])
             pool = runner.pool.summary()
     assert set(pool) == kinds and all(pool[k]["calls"] > 0 for k in kinds)

@@ -21,6 +21,7 @@ import pytest
 
 from mpa_jax import tokenizer as tk
 from mpa_jax.config import load_config_file
+from mpa_jax.envs.base import EnvFault
 from mpa_jax.envs.contract import Verification
 from mpa_jax.envs.sandbox import SandboxEnv
 from mpa_jax.rl.trainer import run_rl
@@ -228,7 +229,7 @@ def test_infra_failures_are_retried_then_dropped_never_rewarded(tok):
         def reset(self, task):
             resets[task.id] = resets.get(task.id, 0) + 1
             if task.id == broken or (task.id == flaky and resets[task.id] <= 2):
-                raise ConnectionError("device farm unreachable")
+                raise EnvFault("device farm unreachable")  # an env-reported fault (a bug would fail the run)
             return super().reset(task)
 
     cfg = _config(tok)

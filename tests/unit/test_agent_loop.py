@@ -217,7 +217,7 @@ def test_a_bug_in_an_env_fails_the_run_with_the_episode_named(tok, tasks, engine
     engine = engine_cls(tok, [call])
     assert isinstance(engine, StreamingEngine) == (engine_cls is _StreamingScripted)
     with pytest.raises(KeyError, match="missing") as info:
-        run_episodes(engine, tok, tasks[1:2], env_cls, EpisodeConfig(max_turns=1, schedule="continuous"))
+        run_episodes(engine, tok, tasks[1:2], env_cls, EpisodeConfig.defaults(max_turns=1, schedule="continuous"))
     assert any(tasks[1].id in note for note in info.value.__notes__)
     assert info.traceback[-1].name in ("step", "verify")  # the traceback ends in the env's own code
 

@@ -178,7 +178,7 @@ def test_teacher_collection_over_loopback_http(collector):
         client = OpenAIChatPlanner(f"http://127.0.0.1:{srv.server_address[1]}", model="gold")
         trajs = collector.teacher(simple, client, max_turns=8)
         # the teacher path is the OpenAI path: one client, one driver, the same episode rules
-        env = make_env("sandbox")
+        env = collector.envs("sandbox")  # the env the collector uses (guarded by the default injection defense)
         direct = [run_chat_episode(client, env, t, max_turns=8) for t in simple]
     finally:
         srv.shutdown()

@@ -402,5 +402,5 @@ def test_other_prefill_chunks_give_the_same_tokens(ckpt):
 
     config = load_config_file(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "tiny.py"))
     config.rollout.prefill_chunk = 0
-    with pytest.raises(RolloutSetupError, match="config.rollout.prefill_chunk must be >= 1, got 0"):
+    with pytest.raises(RolloutSetupError, match="prefill_chunk must be >= 1, got 0"):
         make_engine(config, ckpt)

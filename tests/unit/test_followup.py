@@ -77,7 +77,7 @@ def test_the_runner_shows_the_follow_up_and_the_end_state_decides(tasks):
     tok = tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
     replies = [tk.format_tool_call(create["name"], create["arguments"]), "Created.",
                tk.format_tool_call(update["name"], update["arguments"]), "Changed."]
-    cfg = EpisodeConfig(max_turns=4, max_new_tokens=128, max_total_tokens=16384)
+    cfg = EpisodeConfig.defaults(max_turns=4, max_new_tokens=128, max_total_tokens=16384)
     engine = ScriptedEngine(tok, replies)
     (traj,) = run_episodes(engine, tok, [t], SandboxEnv, cfg)
     assert traj.verification.success and traj.user_turns() == t.metadata[FOLLOWUPS_KEY] and traj.costs["user_turns"] == 1

@@ -17,7 +17,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_catalog_retrieval_recall_on_dev():
     index = catalog_index()
     assert len(index.names) >= 257
-    tasks = load_tasks("dev")
+    # follow-up conversations name their later tools only in later user turns (retrieved at that turn), so the
+    # first request's recall is measured on single-request tasks
+    tasks = [t for t in load_tasks("dev") if t.category != "followup"]
     hit = total = 0
     for t in tasks:
         got = index.search(request_query([*t.history, {"role": "user", "content": t.instruction}]), 8)
