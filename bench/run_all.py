@@ -264,14 +264,13 @@ ARGS: dict[str, list[str]] = {
 }
 NEEDS_ACCELERATOR = {"models_accel"}
 # sglang_cpu needs SGLang in its own venv (docs/scaling.md); fuzz_episodes is a robustness check (it asserts, its
-# figures are counts, not speeds; tests/unit/test_fuzz_episodes.py runs it small); rl_pool_transfer reads an RL-lift
-# experiment's outputs and world_shift is a success figure of a checkpoint (docs/experiments.md); rl_lift_gpu is an
-# experiment for a lent GPU (its figures go to docs/perf.md by hand; tests/integration/test_benches.py dry-runs it):
+# figures are counts, not speeds; tests/unit/test_fuzz_episodes.py runs it small); world_shift is a success figure
+# of a checkpoint (docs/experiments.md); rl_lift_gpu is an experiment for a lent GPU (its figures go to docs/perf.md by hand; tests/integration/test_benches.py dry-runs it):
 # external_replay replays the external benchmarks' ground truth (counts, not speeds; tests/unit/test_bfcl.py and
 # test_agentdojo.py run it small); bfcl_route needs BFCL with its dependencies in its own venv (docs/benchmark.md):
 # engine_gpu is the engine at
 # Qwen3-1.7B shape on a lent GPU: all are run by hand
-SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "rl_pool_transfer", "world_shift", "rl_lift_gpu", "external_replay",
+SKIP = {"run_all", "sglang_cpu", "fuzz_episodes", "world_shift", "rl_lift_gpu", "external_replay",
         "bfcl_route", "engine_gpu"}
 
 

@@ -25,7 +25,7 @@ import random
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROBE_SEED_BASE = 9_500_000  # instance seeds: above the RL draws (5,000,000 + 100,000 x seed + drawn) and bench/rl_pool_transfer's
+PROBE_SEED_BASE = 9_500_000  # instance seeds: above the RL draws (5,000,000 + 100,000 x seed + drawn)
 
 
 def main() -> None:

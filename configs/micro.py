@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.tasks_per_round = 6
     c.data.max_tokens = 4096
     c.data.policy_tasks = 2
-    c.eval.max_tasks = 4  # one per category
+    c.eval.max_tasks = 4  # stratified: 4 domains and 4 of the 5 categories (test split); small on purpose (test_loop pins 4)
     c.loop.eval_split = ""  # config.eval.split (test), eval.max_tasks stratified tasks
     c.loop.eval_seen = 0
     c.loop.eval_held_out = 0

@@ -9,9 +9,9 @@ competence, so that groups have both successes and failures (the starter is unan
 instances), re-drawing unanimous groups up to 3x; AdamW at a small lr (5e-5: larger ones collapse a 4.2M planner);
 CARE's length term from competence 0.3 up. The learner runs on one device (CPU: the forced host devices share the cores).
 
-Levers on top: `--config.rl.select_pool=16` (a focus pool of templates), `--config.rl.select_worlds=256` (fresh
-instances in persona worlds of no split), and the `lift` section below: an SFT refresh of the start on
-demonstrations in 1,024 worlds of no split before RL (`--config.lift.refresh_steps=300`). Variants:
+Levers on top: `--config.rl.select_worlds=256` (fresh instances in persona worlds of no split), and the `lift`
+section below: an SFT refresh of the start on demonstrations in 1,024 worlds of no split before RL
+(`--config.lift.refresh_steps=300`). Variants:
 configs/rl_lift_think.py (a start that reasons, CARE's length term engaged), configs/rl_lift_gpu.py (Qwen3-1.7B
 shape on one GPU). Results: docs/experiments.md ("RL lift" and the sections after it).
 """
@@ -37,6 +37,10 @@ def get_config() -> ml_collections.ConfigDict:
     r.algo, r.lambda_max, r.c_lo, r.c_hi, r.beta = "care", 0.5, 0.3, 0.8, 0.0
     r.competence_init = 0.5
     r.checkpoint_every = 5
+    # Retired, not knobs: the focus pool (rl.select_pool*) was removed in issue 55; its three values stay here only
+    # because configs/prereg_rl.py's registered hash covers them (docs/preregistered.md). Nothing reads them and
+    # `mpa_jax.config.RETIRED` refuses any other value.
+    r.select_pool, r.select_pool_patience, r.select_pool_groups = 0, 3, 48
     r.seq_len, r.tokens_per_micro_batch = 2048, 4096
     c.checkpoint.keep = 2
     # A world-general start (c.lift, configs/tiny.py): before RL, one SFT refresh of the start on oracle demonstrations

@@ -205,11 +205,6 @@ def get_config() -> ml_collections.ConfigDict:
     # instances by competence, unanimous groups left out, none re-drawn); configs/rl_lift.py uses 3
     c.rl.select_tries = 1
     c.rl.select_floor = 0.05  # competence: weight of templates at competence 0 or 1
-    # competence: a focus pool of this many templates at a time (0 = draw from every train template); a member
-    # leaves after select_pool_patience unanimous groups in a row or select_pool_groups groups
-    c.rl.select_pool = 0
-    c.rl.select_pool_patience = 3
-    c.rl.select_pool_groups = 48
     c.rl.select_worlds = 0  # competence: fresh instances in this many persona worlds of no split (0: the train split's six)
     c.rl.select_prior = ""  # competence: trajectories (JSONL or dir) whose outcomes seed the table (the data stage's probe)
     c.rl.simulated_tasks = 64  # training tasks of the simulated env when config.envs.mixture.simulated > 0

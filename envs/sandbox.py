@@ -3,7 +3,8 @@
 Per tool call the pipeline is: permission (allow-list of the acting agent) -> strict schema validation ->
 preconditions on device state -> seeded fault injection -> transactional execution -> canonical result ->
 ledger entry (agent, call, result or error, fault, row-level state diff, chained hash).
-`step` never raises on a bad action: every problem becomes a typed error Feedback.
+`step` never raises on a bad action: every problem becomes a typed error Feedback. A bug in a tool handler raises
+(it is not infra: only an env-reported fault is, `envs.base.EnvFault` or INFRA/TIMEOUT Feedback).
 
 Episode end: a `message` action (answer, question or refusal to the user) or `finish` ends the episode;
 later actions get PRECONDITION_FAILED. Conversations (follow-up tasks, `task.metadata["followups"]`): while the
@@ -85,15 +86,18 @@ class SandboxEnv:
         return observation(task, self.world.persona, task_tool_specs(task), self.context.format)
 
     def step(self, action: Any) -> Feedback:
-        """Apply one action; never raises on bad input."""
+        """Apply one action; never raises on bad input (a bad action is a typed error Feedback, an injected fault
+        its declared error). A bug in a tool handler is neither the policy's fault nor infra: the world is put back
+        to its last committed state and the exception goes up with a note naming the task and the tool, so the run
+        fails with its traceback (the episode runner adds the episode)."""
         try:
             return self._step(action)
-        except Exception as e:  # a bug in a handler is the world's fault, never the policy's
+        except Exception as e:
             if self.task is not None:
                 self.world.diff = []
                 self._reload_device()
-            return self._record_error(getattr(action, "call_id", ""), getattr(action, "name", ""), {}, ErrorCode.INFRA,
-                                      f"internal error: {type(e).__name__}: {e}", "", None)
+                e.add_note(f"in the sandbox's handler of {getattr(action, 'name', '')!r} (task {self.task.id!r})")
+            raise
 
     def verify(self) -> Verification:
         """Verify the episode so far (start/end state pair, ledger, final message).

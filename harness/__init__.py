@@ -1,7 +1,7 @@
 """Harness: the runtime between planner and environment (DESIGN §5). Never imports jax, flax or torch.
 
     from mpa_jax.harness import HarnessConfig, HarnessSession
-    session = HarnessSession(HarnessConfig(enabled=True, tools="catalog"))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, tools="catalog"))
     env = session.env_factory()          # speaks the env protocol: the agent loop needs no other seam
     obs = env.reset(task); fb = env.step(action); v = env.verify(); env.close()
 

@@ -132,31 +132,31 @@ def _names(value: Any) -> set[str] | None:
 
 @dataclasses.dataclass
 class HarnessConfig:
-    """`config.harness` typed. The field defaults agree with configs/tiny.py and serve direct construction
-    (tests, library use); `from_config` takes every value from the config (configs/ is the one source)."""
+    """`config.harness` typed. No defaults of its own: `from_config` takes every value from a config (a missing key
+    is an error naming it) and `defaults(**kw)` reads configs/tiny.py's section (tests, library use)."""
 
-    enabled: bool = False
-    tools: str = "task"
-    top_k: int = 8
-    normalise: bool = True
-    skills: bool = False
-    skills_dir: str = ""
-    max_skills: int = 2
-    context_tokens: int = 3000
-    subagents: bool = False
-    subagent_turns: int = 6
-    store: str = ""
-    root: str = "runs/harness"
-    version_dir: str = ""
-    mcp: list[Any] = dataclasses.field(default_factory=list)
-    mcp_allow: str = "*"
-    mcp_timeout_s: float = 20.0
-    mcp_log: str = ""
-    max_result_chars: int = DEFAULT_MAX_RESULT_CHARS
-    memory: bool = False
-    memory_store: str = ""
-    memory_tokens: int = 512
-    review_policy: str = "manual"
+    enabled: bool
+    tools: str
+    top_k: int
+    normalise: bool
+    skills: bool
+    skills_dir: str
+    max_skills: int
+    context_tokens: int
+    subagents: bool
+    subagent_turns: int
+    store: str
+    root: str
+    version_dir: str
+    mcp: list[Any]
+    mcp_allow: str
+    mcp_timeout_s: float
+    mcp_log: str
+    max_result_chars: int
+    memory: bool
+    memory_store: str
+    memory_tokens: int
+    review_policy: str
 
     def __post_init__(self) -> None:
         if self.tools not in ("task", "catalog"):
@@ -196,6 +196,13 @@ class HarnessConfig:
         return None if "*" in names else names
 
     @classmethod
+    def defaults(cls, **overrides: Any) -> "HarnessConfig":
+        """configs/tiny.py's `harness` section, with `overrides` (tests, library use, a session without a config)."""
+        from mpa_jax.config import load_config_file
+
+        return dataclasses.replace(cls.from_config(load_config_file("tiny")), **overrides)
+
+    @classmethod
     def from_config(cls, config: Any) -> "HarnessConfig":
         """From a full experiment config (its `harness` section) or the section itself. Every key is required
         (a missing one is an error naming it); `review.policy` is the `review_policy` field."""
@@ -215,13 +222,17 @@ class HarnessConfig:
                     kw[f.name] = list(value) if isinstance(value, (list, tuple)) else value
                     continue
                 try:
-                    kw[f.name] = type(f.default)(value) if not isinstance(f.default, bool) else _bool(value, f.name)
+                    kind = _TYPES[str(f.type)]
+                    kw[f.name] = _bool(value, f.name) if kind is bool else kind(value)
                 except (TypeError, ValueError):
                     raise HarnessConfigError(f"config.harness.{f.name}: cannot use {value!r}") from None
         unknown = sorted(set(section.keys()) - {f.name for f in dataclasses.fields(cls)} - {"review"})
         if unknown:
             raise HarnessConfigError(f"unknown config key: harness.{unknown[0]}")
         return cls(**kw)
+
+
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}  # the fields' annotations (postponed: strings)
 
 
 def _bool(value: Any, key: str) -> bool:

@@ -1,7 +1,7 @@
 """The harness runtime: it sits between the planner and the env and presents itself to the agent loop
 as an env (the same `reset / step / verify / close` protocol), so the loop needs no other seam.
 
-    session = HarnessSession(HarnessConfig(enabled=True, tools="catalog"))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, tools="catalog"))
     env = session.env_factory()           # a HarnessEnv around a fresh sandbox
     obs = env.reset(task)                  # context: system prompt + skills (+ memory), tools, history in budget
     fb = env.step(action)                  # normalise -> validate -> route -> Feedback with a hint -> trace
@@ -83,7 +83,7 @@ class HarnessSession:
     def __init__(self, cfg: HarnessConfig | None = None, *, env_factory: Callable[[], Any] | None = None,
                  providers: Iterable[ToolProvider] = (), subplanner: Any = None, store: HarnessStore | None = None,
                  count_tokens: Callable[[dict[str, Any]], int] | None = None, start_mcp: bool = True) -> None:
-        self.cfg = cfg or HarnessConfig(enabled=True)
+        self.cfg = cfg or HarnessConfig.defaults(enabled=True)
         self.version = read_version(self.cfg.version_dir) if self.cfg.version_dir else HarnessVersion()
         self.registry = ToolRegistry([SandboxTools()])
         self.extra: list[ToolProvider] = []

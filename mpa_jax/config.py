@@ -79,17 +79,25 @@ def load_config(path: str, overrides: Sequence[tuple[str, str]] = ()) -> ml_coll
 
 # The values a knob may take, checked once when a config is loaded (not again by each stage that reads it).
 CHOICES = {"serve.batcher": ("auto", "slots", "call")}
+# Knobs whose code is gone but whose registered value a pre-registered config's hash covers (docs/preregistered.md):
+# configs/rl_lift.py keeps them at these values and nothing reads them, so any other value is refused rather than
+# silently ignored. The focus pool (`rl.select_pool*`, one experiment's lever that did not help) went in issue 55.
+RETIRED = {"rl.select_pool": 0, "rl.select_pool_patience": 3, "rl.select_pool_groups": 48}
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    """Check the rules one config value cannot break on its own reading: a `name`, `CHOICES`, the prefill chunk
-    and the context format. Raises ConfigError naming the key."""
+    """Check the rules one config value cannot break on its own reading: a `name`, `CHOICES`, `RETIRED`, the
+    prefill chunk and the context format. Raises ConfigError naming the key."""
     if not str(config.get("name") or "").strip():
         raise ConfigError("the config has no `name` (set c.name; the run directory defaults to runs/<name>)")
     for key, allowed in CHOICES.items():
         section, leaf = key.split(".")
         if section in config and config[section][leaf] not in allowed:
             raise ConfigError(f"config.{key} must be one of {', '.join(map(str, allowed))}, got {config[section][leaf]!r}")
+    for key, value in RETIRED.items():
+        section, leaf = key.split(".")
+        if section in config and leaf in config[section] and config[section][leaf] != value:
+            raise ConfigError(f"config.{key} was removed (it did nothing since issue 55); it may only keep its registered value {value!r}")
     if "rollout" in config:
         if int(config.rollout.prefill_chunk) < 1:
             raise ConfigError(f"config.rollout.prefill_chunk must be >= 1, got {config.rollout.prefill_chunk}")

@@ -2,7 +2,9 @@
 
 Per episode: reset the device (`input keyevent KEYCODE_HOME`, `am force-stop` the companion app, `content
 call ... --method reset --arg TASK`), then one `content call ... --method step --arg ACTION` per action;
-the companion answers the Feedback and its ledger entry. `verify()` reads the state back from the device
+the companion answers the Feedback and its ledger entry. The whole task goes to the device at reset, so follow-up
+conversations (`task.metadata["followups"]`) run as on the sandbox: the companion answers a reply with the
+user's next turn (`Feedback.user_turn`) while turns are left. `verify()` reads the state back from the device
 (`content query` per table, `settings list global` for the device table, `dumpsys battery` for its
 battery level) and scores it with the same
 `verify_episode` the sandbox uses, against the start state rebuilt on the host.

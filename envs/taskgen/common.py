@@ -132,6 +132,12 @@ def sms_goal(c: dict[str, Any], value: Any) -> dict[str, Any]:
             "match": {"to_number": c["phone"], "direction": "out", "body": {"contains": fmt(value)}}}
 
 
+def text_steps(ctx: Ctx, c: dict[str, Any], body: str, said: str, agent: str | None = None) -> list[dict[str, Any]]:
+    """The gold of "text `body` to contact `c`": find the contact, send the text, say `said` (one of `done`'s phrasings)."""
+    return [search_step(ctx, ENTITY_BY_NAME["contact"], c["name"], agent=agent), tc("send_sms", {"to": c["id"], "body": body}, agent=agent),
+            done(ctx, said)]
+
+
 def saved_pair(ctx: Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
     """Two distinct saved places that the user can name unambiguously."""
     places = [r for r in ctx.rows("saved_place") if describe(ctx, ENTITY_BY_NAME["saved_place"], r)]

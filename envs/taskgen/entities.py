@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from mpa_jax.envs.catalog import ENTITIES, ENTITY_BY_NAME, Entity, Field
 from mpa_jax.envs.taskgen.common import (delegate, describe, done, fmt, join, msg, pick_contact, say, search_step, sentence,
-                                         sms_goal, tc, with_history)
+                                         sms_goal, tc, text_steps, with_history)
 from mpa_jax.envs.taskgen.registry import Ctx, template
 
 
@@ -45,7 +45,7 @@ def _refs(ctx: Ctx, e: Entity) -> tuple[dict[str, Any], list[dict[str, Any]], li
     return args, steps, phrases
 
 
-def _create_parts(ctx: Ctx, e: Entity) -> tuple[dict[str, Any], list[dict[str, Any]], str, dict[str, Any]] | None:
+def create_parts(ctx: Ctx, e: Entity) -> tuple[dict[str, Any], list[dict[str, Any]], str, dict[str, Any]] | None:
     vals = _new_values(ctx, e)
     if vals is None:
         return None
@@ -61,7 +61,7 @@ def _pick_row(ctx: Ctx, e: Entity, pred: Callable[[dict[str, Any]], bool] = lamb
     return ctx.choice(cands) if cands else None
 
 
-def _pick_lookup(ctx: Ctx, e: Entity) -> tuple[dict[str, Any], str, Field] | None:
+def pick_lookup(ctx: Ctx, e: Entity) -> tuple[dict[str, Any], str, Field] | None:
     """A described row of `e` and one of its lookup fields (see `_lookup_fields`), or None."""
     picked = _pick_row(ctx, e)
     if picked is None:
@@ -71,11 +71,11 @@ def _pick_lookup(ctx: Ctx, e: Entity) -> tuple[dict[str, Any], str, Field] | Non
     return (row, desc, ctx.choice(fields)) if fields else None
 
 
-def _updatable(e: Entity) -> list[Field]:
+def updatable(e: Entity) -> list[Field]:
     return [f for f in e.fields if f.updatable and not f.derived and not f.ref]
 
 
-def _new_value_for(ctx: Ctx, e: Entity, f: Field, old: Any) -> Any:
+def new_value_for(ctx: Ctx, e: Entity, f: Field, old: Any) -> Any:
     existing = {r[f.name] for r in ctx.rows(e)} if f.name == e.title else set()
     for _ in range(30):
         v = (not old) if f.type == "bool" else ctx.value(f)
@@ -97,13 +97,31 @@ def _lookup_fields(e: Entity, row: dict[str, Any]) -> list[Field]:
     return non_summary or out
 
 
+def lookupable(e: Entity) -> bool:
+    """Whether `e` has lookup templates (and a follow-up share): searchable, gettable, with a field to ask for."""
+    return "s" in e.ops and "g" in e.ops and any(f.name != e.title and f.type != "bool" and not f.ref for f in e.fields)
+
+
+def lookup_question(ctx: Ctx, e: Entity, row: dict[str, Any], desc: str, f: Field) -> tuple[str, list[dict[str, Any]]]:
+    """The question for field `f` of `row` and its gold (search, get, the answer): the `lookup` template's and the
+    first turn of `followup_share`."""
+    question = ctx.choice([f"What is the {f.words} of {desc}?", f"Tell me the {f.words} of {desc}."])
+    return question, [search_step(ctx, e, row[e.title]), tc(f"get_{e.name}", {"id": row["id"]}),
+                      msg(sentence(f"The {f.words} of {desc} is {fmt(row[f.name])}"))]
+
+
+def shown(f: Field, v: Any) -> str:
+    """`v` as a change request quotes it (strings quoted)."""
+    return f'"{v}"' if f.type == "str" else fmt(v)
+
+
 def _answer_value(v: Any) -> Any:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
 
 
 def _gen_create(e: Entity, variant: str) -> Callable[[Ctx], dict[str, Any] | None]:
     def fn(ctx: Ctx) -> dict[str, Any] | None:
-        parts = _create_parts(ctx, e)
+        parts = create_parts(ctx, e)
         if parts is None:
             return None
         args, ref_steps, desc, goal = parts
@@ -145,11 +163,11 @@ def _gen_update(e: Entity, variant: str) -> Callable[[Ctx], dict[str, Any] | Non
         if picked is None:
             return None
         row, desc = picked
-        fields = _updatable(e)
+        fields = updatable(e)
         if not fields:
             return None
         f = ctx.choice(fields)
-        v = _new_value_for(ctx, e, f, row.get(f.name))
+        v = new_value_for(ctx, e, f, row.get(f.name))
         if v is None:
             return None
         finder, editor = "planner", "planner"
@@ -162,8 +180,7 @@ def _gen_update(e: Entity, variant: str) -> Callable[[Ctx], dict[str, Any] | Non
             gold.append(delegate("editor", f"Set the {f.words} of {row['id']} to {fmt(v)}."))
         gold.append(tc(f"update_{e.name}", {"id": row["id"], f.name: v}, agent=editor if editor != "planner" else None))
         gold.append(done(ctx, f"{desc} now has {say(f, v)}"))
-        shown = f'"{v}"' if f.type == "str" else fmt(v)
-        change = f"change the {f.words} of {desc} to {shown}" if f.type != "bool" else f"turn {f.words} {'on' if v else 'off'} for {desc}"
+        change = f"change the {f.words} of {desc} to {shown(f, v)}" if f.type != "bool" else f"turn {f.words} {'on' if v else 'off'} for {desc}"
         out: dict[str, Any] = {"gold": gold, "instruction": change[0].upper() + change[1:] + ".",
                                "verifier": {"goals": [{"kind": "field", "entity": e.name, "id": row["id"], "values": {f.name: v}}]}}
         if variant == "memory":
@@ -204,14 +221,13 @@ def _gen_delete(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
 
 def _gen_lookup(e: Entity, variant: str) -> Callable[[Ctx], dict[str, Any] | None]:
     def fn(ctx: Ctx) -> dict[str, Any] | None:
-        picked = _pick_lookup(ctx, e)
+        picked = pick_lookup(ctx, e)
         if picked is None:
             return None
         row, desc, f = picked
         v = row[f.name]
-        gold = [search_step(ctx, e, row[e.title]), tc(f"get_{e.name}", {"id": row["id"]}),
-                msg(sentence(f"The {f.words} of {desc} is {fmt(v)}"))]
-        out: dict[str, Any] = {"instruction": ctx.choice([f"What is the {f.words} of {desc}?", f"Tell me the {f.words} of {desc}."]),
+        question, gold = lookup_question(ctx, e, row, desc, f)
+        out: dict[str, Any] = {"instruction": question,
                                "gold": gold, "verifier": {"goals": [], "answer": {"kind": "answer", "contains": [_answer_value(v)]}}}
         if variant == "memory":
             out["history"] = with_history(ctx, [
@@ -229,9 +245,7 @@ def _gen_lookup(e: Entity, variant: str) -> Callable[[Ctx], dict[str, Any] | Non
                             "messenger": ["search_contacts", "send_sms"]}
             out["gold"] = [delegate("researcher", f"Find the {f.words} of {desc}."), *[dict(s, agent="researcher") for s in gold[:2]],
                            delegate("messenger", f"Text {c['name']}: {body}"),
-                           search_step(ctx, ENTITY_BY_NAME["contact"], c["name"], agent="messenger"),
-                           tc("send_sms", {"to": c["id"], "body": body}, agent="messenger"),
-                           done(ctx, f"I texted {c['name']} the {f.words} of {row[e.title]}")]
+                           *text_steps(ctx, c, body, f"I texted {c['name']} the {f.words} of {row[e.title]}", agent="messenger")]
             out["verifier"] = {"goals": [sms_goal(c, v)],
                                "milestones": [{"tool": f"get_{e.name}", "agent": "researcher"}, {"tool": "send_sms", "agent": "messenger"}]}
         return out
@@ -240,7 +254,7 @@ def _gen_lookup(e: Entity, variant: str) -> Callable[[Ctx], dict[str, Any] | Non
 
 def _gen_share(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
     def fn(ctx: Ctx) -> dict[str, Any] | None:
-        picked = _pick_lookup(ctx, e)
+        picked = pick_lookup(ctx, e)
         if picked is None:
             return None
         row, desc, f = picked
@@ -259,7 +273,7 @@ def _gen_share(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
 
 def _gen_to_note(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
     def fn(ctx: Ctx) -> dict[str, Any] | None:
-        picked = _pick_lookup(ctx, e)
+        picked = pick_lookup(ctx, e)
         if picked is None:
             return None
         row, desc, f = picked
@@ -292,7 +306,7 @@ def _register_entity_templates() -> None:
             template(f"{e.name}.update_sub", d, "subagent", 3)(_gen_update(e, "subagent"))
         if "d" in e.ops and "s" in e.ops:
             template(f"{e.name}.delete", d, "tool_use", 1)(_gen_delete(e))
-        if "s" in e.ops and "g" in e.ops and any(f.name != e.title and f.type != "bool" and not f.ref for f in e.fields):
+        if lookupable(e):
             template(f"{e.name}.lookup", d, "tool_use", 1)(_gen_lookup(e, "plain"))
             template(f"{e.name}.lookup_mem", d, "memory", 2)(_gen_lookup(e, "memory"))
             template(f"{e.name}.lookup_paged", d, "tool_use", 3, 0.5)(_gen_lookup(e, "paged"))

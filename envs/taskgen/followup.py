@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mpa_jax.envs.catalog import ENTITIES, ENTITY_BY_NAME, Entity
-from mpa_jax.envs.taskgen.common import done, fmt, msg, pick_contact, search_step, sentence, sms_goal, tc
-from mpa_jax.envs.taskgen.entities import _create_parts, _new_value_for, _pick_lookup, _updatable
+from mpa_jax.envs.catalog import ENTITIES, Entity
+from mpa_jax.envs.taskgen.common import done, fmt, msg, pick_contact, sms_goal, tc, text_steps
+from mpa_jax.envs.taskgen.entities import create_parts, lookup_question, lookupable, new_value_for, pick_lookup, shown, updatable
 from mpa_jax.envs.taskgen.registry import Ctx, template
 from mpa_jax.envs.tools import convert
 
@@ -31,22 +31,21 @@ FOLLOWUPS_KEY = "followups"  # task.metadata key: the user's later turns, in ord
 
 def _amend(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
     def fn(ctx: Ctx) -> dict[str, Any] | None:
-        parts = _create_parts(ctx, e)
+        parts = create_parts(ctx, e)
         if parts is None:
             return None
         args, ref_steps, desc, _ = parts
-        fields = _updatable(e)
+        fields = updatable(e)
         given = [f for f in fields if f.name in args]
         if not fields:
             return None
         f = ctx.choice(given or fields)
-        v = _new_value_for(ctx, e, f, args.get(f.name))
+        v = new_value_for(ctx, e, f, args.get(f.name))
         if v is None:
             return None
         new_id = f"{e.name}_{len(ctx.rows(e)) + 1}"  # ids are row counters: the row the first turn creates
-        shown = f'"{v}"' if f.type == "str" else fmt(v)
         turn = (f"Actually, turn {f.words} {'on' if v else 'off'} for it." if f.type == "bool"
-                else ctx.choice([f"Actually, make the {f.words} {shown}.", f"Oh wait, change the {f.words} to {shown}."]))
+                else ctx.choice([f"Actually, make the {f.words} {shown(f, v)}.", f"Oh wait, change the {f.words} to {shown(f, v)}."]))
         verb = ctx.choice(["Add", "Create", "Please add"])
         article = "an" if e.label[0] in "aeiou" else "a"
         return {"instruction": f"{verb} {article} {e.label} with {desc}.",
@@ -61,19 +60,16 @@ def _amend(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
 
 def _share(e: Entity) -> Callable[[Ctx], dict[str, Any] | None]:
     def fn(ctx: Ctx) -> dict[str, Any] | None:
-        picked = _pick_lookup(ctx, e)
+        picked = pick_lookup(ctx, e)
         if picked is None:
             return None
         row, desc, f = picked
         v = row[f.name]
         c, _ = pick_contact(ctx)
         turn = ctx.choice([f"Thanks. Can you text that to {c['name']}?", f"Great, now send that to {c['name']} by text."])
-        return {"instruction": ctx.choice([f"What is the {f.words} of {desc}?", f"Tell me the {f.words} of {desc}."]),
-                "gold": [search_step(ctx, e, row[e.title]), tc(f"get_{e.name}", {"id": row["id"]}),
-                         msg(sentence(f"The {f.words} of {desc} is {fmt(v)}")),
-                         search_step(ctx, ENTITY_BY_NAME["contact"], c["name"]),
-                         tc("send_sms", {"to": c["id"], "body": f"The {f.words} of {row[e.title]}: {fmt(v)}"}),
-                         done(ctx, f"I texted {c['name']} the {f.words}")],
+        question, first = lookup_question(ctx, e, row, desc, f)  # the lookup template's question, then the text
+        return {"instruction": question,
+                "gold": first + text_steps(ctx, c, f"The {f.words} of {row[e.title]}: {fmt(v)}", f"I texted {c['name']} the {f.words}"),
                 "verifier": {"goals": [sms_goal(c, v)]},
                 "metadata": {FOLLOWUPS_KEY: [turn]}}
     return fn
@@ -87,8 +83,7 @@ def convert_then_text(ctx: Ctx) -> dict[str, Any]:
     c, _ = pick_contact(ctx)
     return {"instruction": ctx.choice([f"Convert {fmt(v)} {a} to {b}.", f"How much is {fmt(v)} {a} in {b}?"]),
             "gold": [tc("convert_units", {"value": v, "from_unit": a, "to_unit": b}), msg(f"{fmt(v)} {a} is {r} {b}."),
-                     search_step(ctx, ENTITY_BY_NAME["contact"], c["name"]),
-                     tc("send_sms", {"to": c["id"], "body": f"{fmt(v)} {a} is {r} {b}"}), done(ctx, f"I texted {c['name']}")],
+                     *text_steps(ctx, c, f"{fmt(v)} {a} is {r} {b}", f"I texted {c['name']}")],
             "verifier": {"goals": [sms_goal(c, r)]},
             "metadata": {FOLLOWUPS_KEY: [ctx.choice([f"Now text that number to {c['name']}.",
                                                      f"Send that to {c['name']}, please."])]}}
@@ -96,9 +91,9 @@ def convert_then_text(ctx: Ctx) -> dict[str, Any]:
 
 def _register() -> None:
     for e in ENTITIES:
-        if "c" in e.ops and "u" in e.ops and _updatable(e):
+        if "c" in e.ops and "u" in e.ops and updatable(e):
             template(f"{e.name}.followup_amend", e.domain, CATEGORY, 2, 0.5)(_amend(e))
-        if "s" in e.ops and "g" in e.ops and any(f.name != e.title and f.type != "bool" and not f.ref for f in e.fields):
+        if lookupable(e):
             template(f"{e.name}.followup_share", e.domain, CATEGORY, 2, 0.5)(_share(e))
 
 

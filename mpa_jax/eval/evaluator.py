@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any, Callable, Sequence
 
+from mpa_jax import seeds
 from mpa_jax.eval.metrics import PriceTable, eval_metrics
 from mpa_jax.files import write_json, write_jsonl
 
@@ -212,7 +213,10 @@ class Evaluator:
 
                 env = HarnessEnv(env, runner.harness)
             # the oracle's turn limit is its plan's bound (a ground truth may need more replies than the policy's)
-            p, turns = ((OraclePlanner(task.gold, cfg.seed + i, runner.envs.context.reasoning), plan_turn_bound(task.gold))
+            # the oracle's seed is the collector's (`seeds` stream "oracle", variant 0): the same demonstration of the
+            # task at the same position as `Collector.oracle` gives
+            p, turns = ((OraclePlanner(task.gold, seeds.derive("oracle", cfg.seed, i, 0), runner.envs.context.reasoning),
+                         plan_turn_bound(task.gold))
                         if planner is ORACLE else (planner, cfg.max_turns))
             try:
                 ep = run_chat_episode(p, env, task, max_turns=turns, max_output_errors=cfg.max_output_errors)

@@ -118,7 +118,7 @@ def console_line(done: int, total: int, m: dict[str, float]) -> str:
 def write_competence(workdir: str, step: int, scored: Scored, table: CompetenceTable, selection: dict[str, Any] | None) -> None:
     """One line per step in `<workdir>/competence.jsonl` (rewritten from the step on when a resumed run repeats it):
     the step's groups, the CARE table after the step, and with competence-aware selection what it draws by (`templates`:
-    template -> [its competence in the table, the episodes behind its own key]; with a focus pool, `pool` and `retired`)."""
+    template -> [its competence in the table, the episodes behind its own key])."""
     path = os.path.join(workdir, "competence.jsonl")
     lines = []
     if os.path.exists(path):

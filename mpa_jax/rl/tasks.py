@@ -25,12 +25,6 @@ Fresh persona worlds (`rl.select_worlds = W > 0`): the instances are set in W pe
 (`envs.benchmark.FRESH_PERSONA_BASE` and up) instead of the train split's six. The starter has learned its six
 worlds' people and things: on fresh instances of train templates it succeeds 77.5% greedily in those worlds and
 55.0% in unseen ones, its dev figure (docs/experiments.md); the dev and test worlds stay unseen either way.
-
-A focus pool (`rl.select_pool = P > 0`) narrows the draw to P templates at a time so each is drawn tens of
-times (the regime where the learner demonstrably learns, issue 28) instead of once or twice across hundreds:
-members are chosen by the same weights, and one leaves the pool when its last `rl.select_pool_patience` groups
-were unanimous in success (mastered, or out of reach) or after `rl.select_pool_groups` groups; the next
-member is drawn from the templates that have not been in the pool in this pass.
 """
 from __future__ import annotations
 
@@ -86,8 +80,8 @@ def split_tasks(split: str, templates: str, tasks_cfg: Any) -> list[Any]:
 
 
 class Selector:
-    """Competence-aware choice of fresh train instances (module docstring). Its state is the instance counter and
-    the focus pool; the competence it draws by is CARE's table, passed to `draw`."""
+    """Competence-aware choice of fresh train instances (module docstring). Its state is the instance counter; the
+    competence it draws by is CARE's table, passed to `draw`."""
 
     def __init__(self, rl: Any, seed: int, tasks_seed: int) -> None:
         """`rl`: the `config.rl` section; `seed`: `config.seed`; `tasks_seed`: `config.tasks.seed`."""
@@ -102,54 +96,18 @@ class Selector:
             known = {t.name for t in self.templates}
             raise RLSetupError(f"config.rl.templates: {sorted(set(names) - known)} are not train templates (held-out or unknown)")
         self.drawn = 0  # fresh instances built so far: the next seed
-        for key, low in (("select_pool", 0), ("select_pool_patience", 1), ("select_pool_groups", 1), ("select_worlds", 0)):
-            if int(rl[key]) < low:
-                raise RLSetupError(f"config.rl.{key} must be >= {low}, got {rl[key]}")
-        self.pool_size, self.patience, self.pool_groups = int(rl.select_pool), int(rl.select_pool_patience), int(rl.select_pool_groups)
+        if int(rl.select_worlds) < 0:
+            raise RLSetupError(f"config.rl.select_worlds must be >= 0, got {rl.select_worlds}")
         self.worlds = tuple(range(FRESH_PERSONA_BASE, FRESH_PERSONA_BASE + int(rl.select_worlds))) or None  # None: the split's
-        self.pool: dict[str, list[int]] = {}  # member -> [unanimous groups in a row, groups since it joined]
-        self.retired: list[str] = []  # members that left the pool in this pass over the templates
 
     @property
     def state(self) -> dict[str, Any]:
-        return {"drawn": self.drawn, "pool": self.pool, "retired": self.retired}
+        return {"drawn": self.drawn}
 
     def restore(self, state: dict[str, Any]) -> None:
-        """From `state` (a checkpoint's; per-template counts of earlier builds are not read: the table is the source)."""
+        """From `state` (a checkpoint's; per-template counts of earlier builds and the retired focus pool's
+        bookkeeping are not read: the table is the source)."""
         self.drawn = int(state["drawn"])
-        self.pool = {k: [int(a), int(b)] for k, (a, b) in state["pool"].items()}
-        self.retired = list(state["retired"])
-
-    def observe(self, trajs: Sequence[Any]) -> None:
-        """The focus pool's bookkeeping: retire the members whose groups stopped carrying signal (module docstring).
-        Verified episodes only (infra ones are not the policy's); competence itself is the table's."""
-        groups: dict[str, tuple[str, list[bool]]] = {}  # a group is one fresh instance: one task id
-        for t in trajs:
-            name = str(t.provenance.get("template", ""))
-            if name in self.pool and not t.infra_failure and t.verification is not None:
-                groups.setdefault(t.task_id, (name, []))[1].append(bool(t.verification.success))
-        for name, outcomes in groups.values():
-            member = self.pool.get(name)
-            if member is None:  # retired by an earlier group of this batch
-                continue
-            member[0] = member[0] + 1 if len(set(outcomes)) == 1 else 0
-            member[1] += 1
-            if member[0] >= self.patience or member[1] >= self.pool_groups:
-                del self.pool[name]
-                self.retired.append(name)
-
-    def _fill_pool(self, table: CompetenceTable) -> None:
-        """Top the pool up to `rl.select_pool` members, drawn by weight among the templates not yet pooled in
-        this pass (a new pass when every template has been); deterministic in the selector's state and `table`."""
-        rng = np.random.default_rng([self.seed, self.drawn, len(self.retired), 37])
-        while len(self.pool) < min(self.pool_size, len(self.templates)):
-            out = set(self.pool) | set(self.retired)
-            idx = [i for i, t in enumerate(self.templates) if t.name not in out]
-            if not idx:
-                self.retired = []
-                continue
-            w = np.asarray(self.weights(table), np.float64)[idx]
-            self.pool[self.templates[idx[int(rng.choice(len(idx), p=w / w.sum()))]].name] = [0, 0]
 
     def competence(self, table: CompetenceTable) -> dict[str, float]:
         """Each template's competence in `table` (its key, backed off to its cell and the global value)."""
@@ -169,9 +127,6 @@ class Selector:
 
         rng = np.random.default_rng([self.seed, int(step), int(attempt), 29])
         w = np.asarray(self.weights(table), np.float64)
-        if self.pool_size:
-            self._fill_pool(table)
-            w = np.where([t.name in self.pool for t in self.templates], w, 0.0)
         env = SandboxEnv()
         out: list[Any] = []
         try:

@@ -215,8 +215,6 @@ def _selection_state(source: Any, table: Any) -> dict[str, Any] | None:
 
     row: dict[str, Any] = {"templates": {t.name: [round(table.get(*keys_of_template(t)), 4), round(table.evidence(keys_of_template(t)[0]), 2)]
                                          for t in sel.templates if table.has_own(keys_of_template(t)[0])}}
-    if sel.pool_size:  # the focus pool after the step: member -> [unanimous groups in a row, groups], and who left
-        row.update(pool=sel.pool, retired=sel.retired)
     return row
 
 

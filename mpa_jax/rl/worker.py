@@ -61,7 +61,6 @@ class RolloutWorker:
         while (kept is None or len(kept.draws) < n) and drawn < n * self.source.tries:
             want = n - (len(kept.draws) if kept is not None else 0)
             r = run(want, attempt)
-            self.source.selector.observe(r.trajs)  # the focus pool's bookkeeping (competence is the table's)
             drawn += want
             attempt += 1
             r = r.with_groups([g for g in range(len(r.draws)) if plan.keep(r, g)])

@@ -96,7 +96,7 @@ def test_mine_review_release_and_load(tmp_path, traces):
     assert out.returncode == 2 and "already approved" in out.stderr
 
     # The runtime under the new version: the approved rewrite turns the refused value into the accepted one.
-    session = HarnessSession(HarnessConfig(enabled=True, version_dir=vdir))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, version_dir=vdir))
     assert session.version_label == "0.2.0" and skill["payload"]["name"] in session.skills.skills
     task = _contact_tasks()[0]
     env = session.env_factory()

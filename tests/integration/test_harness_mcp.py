@@ -76,7 +76,7 @@ def test_allow_list_hides_and_blocks_tools():
 
 
 def test_mcp_tools_are_offered_and_routed_inside_an_episode(calc):
-    session = HarnessSession(HarnessConfig(enabled=True), providers=[calc])
+    session = HarnessSession(HarnessConfig.defaults(enabled=True), providers=[calc])
     task = next(t for t in load_tasks("dev") if t.category == "tool_use")
     env = session.env_factory()
     obs = env.reset(task)
@@ -191,17 +191,17 @@ def test_mcp_entries_stay_a_list(tmp_path):
     c.harness.mcp = ["python a.py ; rm -rf /"]
     assert HarnessConfig.from_config(c).mcp_servers[0].command == ["python", "a.py", ";", "rm", "-rf", "/"]
     with pytest.raises(HarnessConfigError, match="unknown entry key 'prefx'"):
-        HarnessConfig(mcp=[{"command": ["x"], "prefx": "a_"}])
+        HarnessConfig.defaults(mcp=[{"command": ["x"], "prefx": "a_"}])
     out = _cli("tools", "--mcp", "python 'unclosed", workdir=tmp_path)
     assert out.returncode == 2 and "cannot split" in out.stderr and out.stderr.count("\n") == 1
 
 
 def test_rename_and_prefix_resolve_a_clash_with_the_sandbox_catalog():
     with pytest.raises(MCPStartError, match="rename names 'nope'"):
-        HarnessSession(HarnessConfig(enabled=True, mcp=["rename=nope:x " + " ".join(CALCULATE)]))
+        HarnessSession(HarnessConfig.defaults(enabled=True, mcp=["rename=nope:x " + " ".join(CALCULATE)]))
     with pytest.raises(RegistryError, match="'calculate' of mcp:mcp_calculate_server is already registered by sandbox.*prefix="):
-        HarnessSession(HarnessConfig(enabled=True, mcp=[" ".join(CALCULATE)]))
-    session = HarnessSession(HarnessConfig(enabled=True, mcp=["rename=calculate:calc_eval " + " ".join(CALCULATE),
+        HarnessSession(HarnessConfig.defaults(enabled=True, mcp=[" ".join(CALCULATE)]))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, mcp=["rename=calculate:calc_eval " + " ".join(CALCULATE),
                                                               {"command": CALCULATE, "prefix": "m_"}]))
     try:
         reg = session.registry
@@ -225,7 +225,7 @@ def test_rename_and_prefix_resolve_a_clash_with_the_sandbox_catalog():
 
 
 def test_tool_off_the_allow_list_is_permission_denied_everywhere(tmp_path):
-    session = HarnessSession(HarnessConfig(enabled=True, mcp=[" ".join(SERVER)], mcp_allow="echo"))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, mcp=[" ".join(SERVER)], mcp_allow="echo"))
     try:
         reg = session.registry
         assert "add" not in reg.names() and "add" in reg and reg.is_refused("add")

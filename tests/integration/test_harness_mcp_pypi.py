@@ -80,8 +80,8 @@ def repo(tmp_path):
 
 def test_time_server_two_copies_need_a_prefix_and_errors_keep_the_message():
     with pytest.raises(RegistryError, match="'get_current_time' of mcp:mcp_server_time-2 is already registered"):
-        HarnessSession(HarnessConfig(enabled=True, mcp=[" ".join(TIME), " ".join(TIME)]))
-    session = HarnessSession(HarnessConfig(enabled=True, mcp=[" ".join(TIME), {"command": TIME, "prefix": "utc_"}]))
+        HarnessSession(HarnessConfig.defaults(enabled=True, mcp=[" ".join(TIME), " ".join(TIME)]))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, mcp=[" ".join(TIME), {"command": TIME, "prefix": "utc_"}]))
     try:
         reg = session.registry
         assert reg.source("get_current_time") == "mcp:mcp_server_time" and reg.source("utc_convert_time") == "mcp:mcp_server_time-2"
@@ -128,7 +128,7 @@ def test_git_diff_of_a_6mb_file_is_capped_with_its_digest_in_the_trace(repo, tmp
     text = result_text(full.result)
     assert full.ok and len(text) > 6_000_000  # what came back whole before the cap
     store = tmp_path / "traces.sqlite"
-    session = HarnessSession(HarnessConfig(enabled=True, mcp=[" ".join(GIT)], mcp_timeout_s=60, max_result_chars=4000,
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, mcp=[" ".join(GIT)], mcp_timeout_s=60, max_result_chars=4000,
                                            store=str(store)))
     try:
         env = session.env_factory()

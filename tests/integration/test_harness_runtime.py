@@ -42,13 +42,13 @@ def test_oracle_success_is_not_lowered_by_the_harness(dev):
     tasks = dev[::6][:80]
     off = [run_oracle_episode(make_env("sandbox"), t).verification.success for t in tasks]
     for mode in ("task", "catalog"):
-        session = HarnessSession(HarnessConfig(enabled=True, tools=mode))
+        session = HarnessSession(HarnessConfig.defaults(enabled=True, tools=mode))
         on = [run_oracle_episode(session.env_factory(), t).verification.success for t in tasks]
         assert sum(on) >= sum(off) == len(tasks), mode
 
 
 def test_catalog_mode_offers_retrieved_tools_and_keeps_sub_agent_roles(dev):
-    session = HarnessSession(HarnessConfig(enabled=True, tools="catalog", top_k=8))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, tools="catalog", top_k=8))
     sub = next(t for t in dev if t.roles)
     env = session.env_factory()
     obs = env.reset(sub)
@@ -73,7 +73,7 @@ def _contact_task(**kw) -> Task:
 
 
 def test_normalisation_hints_and_unknown_tool_suggestions():
-    session = HarnessSession(HarnessConfig(enabled=True))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True))
     env = session.env_factory()
     env.reset(_contact_task())
     # A number written as a string and a padded unit: the schema normaliser fixes both, the call succeeds.
@@ -94,7 +94,7 @@ def test_normalisation_hints_and_unknown_tool_suggestions():
 def test_history_is_kept_within_the_token_budget(dev):
     mem = max((t for t in dev if t.history), key=lambda t: sum(len(h["content"]) for h in t.history))
     full = make_env("sandbox").reset(mem)["messages"]
-    session = HarnessSession(HarnessConfig(enabled=True, context_tokens=40, skills=False))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, context_tokens=40, skills=False))
     obs = session.env_factory().reset(mem)
     msgs = obs["messages"]
     assert msgs[-1] == full[-1] and msgs[0]["role"] == "system"
@@ -108,7 +108,7 @@ def test_skills_are_versioned_files_retrieved_by_relevance_and_macros_run(tmp_pa
     assert [s.name for s in lib.retrieve("Convert 70 kg to pounds", 1)] == ["unit_conversion_fallback"]
     assert lib.retrieve("zzz qqq", 2) == []
     # The macro runs through the runtime: search the contact, then text the id it found.
-    session = HarnessSession(HarnessConfig(enabled=True, skills=True))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, skills=True))
     env = session.env_factory()
     obs = env.reset(_contact_task())
     assert "send_to_contact" in obs["messages"][0]["content"] and "run_skill" in env.offered
@@ -136,7 +136,7 @@ def test_sub_agent_runs_with_its_own_context_tools_and_ledger_attribution(dev):
                             output_tokens=3, prompt_tokens=11) for g in calls]
     replies.append(PlannerReply(text="The value is found.", token_ids=[8, 9], logprobs=[-0.5, -0.5], output_tokens=2, prompt_tokens=20))
     sub = ScriptedPlanner(replies)
-    session = HarnessSession(HarnessConfig(enabled=True, subagents=True), subplanner=sub)
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, subagents=True), subplanner=sub)
     env = session.env_factory()
     env.reset(task)
     fb = env.step(Action.delegate(role, task.gold[first]["instruction"]))
@@ -267,7 +267,7 @@ def test_sub_agents_in_the_token_loop_through_the_runner(tok, dev, tmp_path):
 def test_memory_provider_is_wired_by_config(dev):
     """`harness.memory`: issue 15's MemoryProvider offers memory tools and a memory block in the prompt."""
     mem = next(t for t in dev if t.category == "memory" and t.history)
-    session = HarnessSession(HarnessConfig(enabled=True, memory=True))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, memory=True))
     env = session.env_factory()
     obs = env.reset(mem)
     names = [t["function"]["name"] for t in obs["tools"]]

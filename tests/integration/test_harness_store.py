@@ -20,7 +20,7 @@ CHILD = textwrap.dedent("""
     from mpa_jax.envs.oracle import run_oracle_episode
 
     store, kill_after = sys.argv[1], int(sys.argv[2])
-    session = HarnessSession(HarnessConfig(enabled=True, store=store))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True, store=store))
     real_append = session.store.append
     count = 0
 

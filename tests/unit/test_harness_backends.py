@@ -50,7 +50,7 @@ def test_openai_compatible_backend_against_mpa_serve_with_harness_on_and_off(tok
     engine = ScriptedEngine(tok, _gold_script(tok, tasks))
     with ServerThread(create_app(engine, tok)) as server:
         planner = OpenAIChatPlanner(server.url + "/v1", timeout_s=30)
-        for session in (None, HarnessSession(HarnessConfig(enabled=True, tools="catalog"))):
+        for session in (None, HarnessSession(HarnessConfig.defaults(enabled=True, tools="catalog"))):
             for task in tasks:
                 env = session.env_factory() if session else make_env("sandbox")
                 traj = run_chat_episode(planner, env, task, max_turns=8).trajectory(session.version_label if session else "none")
@@ -125,7 +125,7 @@ def test_engine_backend_keeps_sampled_ids_and_engine_errors_are_infra(tok, tasks
     task = tasks[0]
     engine = ScriptedEngine(tok, _gold_script(tok, tasks))
     planner = EnginePlanner(engine, tok, max_new_tokens=256, params_cls=SamplingParams, engine_errors=(EngineError,))
-    session = HarnessSession(HarnessConfig(enabled=True))
+    session = HarnessSession(HarnessConfig.defaults(enabled=True))
     traj = run_chat_episode(planner, session.env_factory(), task, max_turns=8).trajectory(session.version_label)
     assert traj.verification.success
     turns = traj.provenance["turns"]
@@ -157,7 +157,7 @@ def test_sglang_backend_is_the_engine_planner_over_the_sglang_client(tok, tasks)
     engine = ScriptedEngine(tok, _gold_script(tok, tasks))
     with ServerThread(create_app(engine, tok)) as server:
         client = SGLangEngine(server.url, timeout_s=30, max_retries=0)
-        session = HarnessSession(HarnessConfig(enabled=True, tools="catalog"))
+        session = HarnessSession(HarnessConfig.defaults(enabled=True, tools="catalog"))
         traj = run_chat_episode(EnginePlanner(client, tok, params_cls=SamplingParams, engine_errors=(EngineError,)), session.env_factory(), tasks[1],
                                 max_turns=8).trajectory(session.version_label)
     assert traj.verification.success and traj.provenance["harness_version"] == "0.1.0"

@@ -82,7 +82,7 @@ def _episode(task, invent: bool, extra_invented_search: bool = False):
 def test_runtime_grounds_an_invented_name_in_the_real_sandbox(tmp_path):
     (task,) = _share_tasks(1)
     query = {"query": _invented(task)}
-    plain = HarnessSession(HarnessConfig(enabled=True, skills=False)).env_factory()
+    plain = HarnessSession(HarnessConfig.defaults(enabled=True, skills=False)).env_factory()
     plain.reset(task)
     fb = plain.step(Action.tool_call("search_contacts", query, "c1"))
     assert fb.ok and fb.result["count"] == 0  # the invented name finds nothing
@@ -98,7 +98,7 @@ def test_runtime_grounds_an_invented_name_in_the_real_sandbox(tmp_path):
     assert json.load(open(os.path.join(vdir, "grounding.json"))) == [{"tool": "*", "arg": "*"}]
     assert evolution.read_version(vdir).grounding == [{"tool": "*", "arg": "*"}]
 
-    env = HarnessSession(HarnessConfig(enabled=True, skills=False, version_dir=vdir)).env_factory()
+    env = HarnessSession(HarnessConfig.defaults(enabled=True, skills=False, version_dir=vdir)).env_factory()
     env.reset(task)
     fb = env.step(Action.tool_call("search_contacts", query, "c1"))
     names = [r.get("name") for r in fb.result["results"]]

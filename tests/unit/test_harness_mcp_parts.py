@@ -40,16 +40,16 @@ def test_bad_entries_name_what_is_wrong(entry, message):
 
 
 def test_config_keeps_the_list_and_never_splits_on_semicolons():
-    c = HarnessConfig(mcp=["python a.py; rm -rf /", "node b.js"], mcp_log="/tmp/run/mcp.log", max_result_chars=100)
+    c = HarnessConfig.defaults(mcp=["python a.py; rm -rf /", "node b.js"], mcp_log="/tmp/run/mcp.log", max_result_chars=100)
     servers = c.mcp_servers
     assert [s.command for s in servers] == [["python", "a.py;", "rm", "-rf", "/"], ["node", "b.js"]]
     assert all(s.log == "/tmp/run/mcp.log" and s.max_result_chars == 100 for s in servers)
-    assert HarnessConfig(mcp="python srv.py --db 'a;b.db'").mcp_servers[0].command == ["python", "srv.py", "--db", "a;b.db"]
-    assert HarnessConfig(mcp="").mcp_servers == []
+    assert HarnessConfig.defaults(mcp="python srv.py --db 'a;b.db'").mcp_servers[0].command == ["python", "srv.py", "--db", "a;b.db"]
+    assert HarnessConfig.defaults(mcp="").mcp_servers == []
     with pytest.raises(HarnessConfigError, match="max_result_chars"):
-        HarnessConfig(max_result_chars=-1)
+        HarnessConfig.defaults(max_result_chars=-1)
     with pytest.raises(HarnessConfigError, match="must be a list"):
-        HarnessConfig(mcp=3)
+        HarnessConfig.defaults(mcp=3)
 
 
 @pytest.mark.parametrize("command, name", [

@@ -112,7 +112,7 @@ def test_the_competence_table_is_the_selectors_one_source():
     outcomes (kept and left-out groups) reach the table through `Care.observe` only, after the step."""
     cfg = _config(templates="calc.tip_split,contact.create")
     sel, table = _selector(cfg), _table(cfg)
-    assert set(sel.state) == {"drawn", "pool", "retired"}
+    assert set(sel.state) == {"drawn"}
     fresh = {t.name: sel.competence(table)[t.name] for t in sel.templates}
     assert fresh == {"calc.tip_split": 0.5, "contact.create": 0.5}  # rl.competence_init, no evidence anywhere
     tip = next(t for t in sel.templates if t.name == "calc.tip_split")
@@ -185,60 +185,6 @@ def test_selection_state_round_trips():
     assert b.state == a.state
     back = CompetenceTable.from_dict(json.loads(json.dumps(table.to_dict())))
     assert [t.id for _, t in b.draw(2, 4, competence=back)] == [t.id for _, t in a.draw(2, 4, competence=table)]
-
-
-_SIX = "contact.create,contact.update,contact.lookup,contact.share,contact.delete,calc.tip_split"
-
-
-def _group(name: str, k: int, outcomes: list[bool]) -> list[Trajectory]:
-    """The rollouts of one fresh instance (one task id) of template `name`."""
-    task = type("T", (), {"id": f"train/rl/{name}/{k}", "template": name})
-    return [_traj(task, ok) for ok in outcomes]
-
-
-def test_focus_pool_draws_only_its_members_and_retires_those_whose_groups_stopped_carrying_signal():
-    """`rl.select_pool`: the step's groups come from the pool's templates only; a member leaves after
-    `select_pool_patience` unanimous groups in a row (or `select_pool_groups` groups) and is replaced by a
-    template not pooled in this pass; the pool and the retired list are resume state."""
-    cfg = _config(templates=_SIX, select_pool=2, select_pool_patience=2, select_pool_groups=4)
-    sel, table = _selector(cfg), _table(cfg)
-    assert {t.template for t in sel.draw(0, 0, 20, table)} <= set(sel.pool) and len(sel.pool) == 2
-    a, b = sorted(sel.pool)
-    # a: one unanimous group, then one with signal (the streak restarts), then two unanimous ones: retired
-    sel.observe(_group(a, 0, [True] * 3) + _group(b, 1, [True, False, False]))
-    sel.observe(_group(a, 2, [True, False, True]))
-    assert sel.pool == {a: [0, 2], b: [0, 1]}
-    sel.observe(_group(a, 3, [False] * 3) + _group(a, 4, [False] * 3))
-    assert a not in sel.pool and sel.retired == [a]
-    later = sel.draw(1, 0, 20, table)
-    assert len(sel.pool) == 2 and b in sel.pool and a not in sel.pool
-    assert {t.template for t in later} <= set(sel.pool)
-    # b keeps its signal but leaves after select_pool_groups (4) groups
-    for k in range(5, 8):
-        sel.observe(_group(b, k, [True, False, True]))
-    assert b not in sel.pool and sel.retired == [a, b]
-    # every template has its turn before any comes back; then a new pass begins
-    seen = set(sel.retired)
-    for step in range(2, 30):
-        sel.draw(step, 0, 1, table)
-        seen |= set(sel.pool)
-        for k, name in enumerate(sorted(sel.pool)):
-            sel.observe(_group(name, 100 * step + 2 * k, [True] * 3) + _group(name, 100 * step + 2 * k + 1, [True] * 3))
-    assert seen == set(_SIX.split(",")) and len(sel.retired) < 6
-    # the pool is part of the resume state
-    back = _selector(cfg)
-    back.restore(json.loads(json.dumps(sel.state)))
-    assert back.state == sel.state and [t.id for t in back.draw(50, 0, 6, table)] == [t.id for t in sel.draw(50, 0, 6, table)]
-
-
-def test_focus_pool_never_holds_a_held_out_template_and_bad_sizes_are_named():
-    sel = _selector(_config(select_pool=16))
-    sel.draw(0, 0, 8, _table(_config()))
-    assert len(sel.pool) == 16 and not set(sel.pool) & held_out_templates()
-    with pytest.raises(RLSetupError, match="config.rl.select_pool_patience"):
-        _selector(_config(select_pool=4, select_pool_patience=0))
-    with pytest.raises(RLSetupError, match="config.rl.select_pool "):
-        _selector(_config(select_pool=-1))
 
 
 def test_fresh_worlds_are_persona_worlds_of_no_split():

@@ -86,14 +86,22 @@ def test_failed_write_rolls_back_and_records_no_diff(env, monkeypatch):
     assert env.ledger[-1]["diff"] == []
 
 
-def test_handler_bug_is_infra_not_a_crash(env, monkeypatch):
+def test_a_handler_bug_raises_naming_the_task_and_leaves_the_world_as_committed(env, monkeypatch):
+    """A bug in a tool handler is not infra (only an env-reported fault is): it raises with a note naming the task
+    and the tool, after the half-done write is rolled back."""
+    note = TOOLS["create_note"].entity
+
     def boom(world, args):
+        world.insert(note, {"title": "half"})
         raise RuntimeError("bug")
 
-    monkeypatch.setitem(TOOLS, "calculate", Tool(TOOLS["calculate"].spec, boom, TOOLS["calculate"].validate, ()))
-    env.reset(_task(["calculate"]))
-    fb = env.step(Action.tool_call("calculate", {"expression": "1"}))
-    assert fb.error_code == ErrorCode.INFRA and fb.is_infra
+    monkeypatch.setitem(TOOLS, "create_note", Tool(TOOLS["create_note"].spec, boom, TOOLS["create_note"].validate, ()))
+    env.reset(_task(["create_note"]))
+    before = env.state()
+    with pytest.raises(RuntimeError, match="bug") as info:
+        env.step(Action.tool_call("create_note", {"title": "x"}))
+    assert any("'create_note'" in n and "task 't'" in n for n in getattr(info.value, "__notes__", [])), info.value
+    assert env.state() == before
 
 
 def test_faults_fire_as_declared(env):
