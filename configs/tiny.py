@@ -330,8 +330,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.envs.bfcl = ml_collections.ConfigDict({"project_root": "", "split_seed": 0, "test_scenarios": 40,
                                              "dev_scenarios": 20, "concurrency": 0, "timeout_s": 60.0})
     # AgentDojo: its suites' user tasks, split per suite by user task (test_fraction test, dev_fraction dev).
+    # attack: one of AgentDojo's attacks (envs/agentdojo/attacks.ATTACKS) adds the split's (user task x injection
+    # task) pairs under it to the kind's tasks (reward: user goal done, attacker's not; docs/security.md); "" = none.
+    # injection_tasks: only the first N injection tasks of each suite (0 = all; each pair loads its own world).
     c.envs.agentdojo = ml_collections.ConfigDict({"benchmark_version": "v1.2.2", "split_seed": 0, "test_fraction": 0.3,
-                                                  "dev_fraction": 0.1, "concurrency": 0, "timeout_s": 60.0})
+                                                  "dev_fraction": 0.1, "attack": "", "injection_tasks": 0,
+                                                  "concurrency": 0, "timeout_s": 60.0})
     # Long-history memory (harness/memory; `mpa memory suite|eval`).
     c.memory = ml_collections.ConfigDict()
     c.memory.seed = 0  # suite generator seed

@@ -103,6 +103,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"config.rollout.prefill_chunk must be >= 1, got {config.rollout.prefill_chunk}")
     if "memory" in config and not 0.0 <= float(config.memory.paraphrase) <= 1.0:
         raise ConfigError(f"config.memory.paraphrase must be in [0, 1], got {config.memory.paraphrase}")
+    if "envs" in config and "agentdojo" in config.envs:
+        from mpa_jax.envs.agentdojo.env import check_attack  # imports no agentdojo
+
+        try:
+            check_attack(config.envs.agentdojo.attack, config.envs.agentdojo.injection_tasks)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if "context" in config:
         from mpa_jax.envs.context import ContextFormat
 

@@ -10,6 +10,13 @@ environment. `metadata["injection"]` holds the texts and the injection task's gr
 environment) for the scripted gullible planner. The attacks address the model as AgentDojo's "Local model".
 
 User tasks that read no injection vector are not injectable (AgentDojo leaves them out of its security runs too).
+
+Unobservable pairs: an attack can overwrite the very data the user's goal depends on (banking's `injection_bill_text`
+vector is the whole body of the bill `user_task_0` pays, IBAN included). `metadata["unobservable"]` lists the values
+of the ground truth's call arguments that the attack deleted from the world: each occurs in the user task's start
+environment without the attack, occurs nowhere in the attacked one and is not in the user's request
+(`unobservable_values`). A pair with any is one no honest agent can complete (the value is nowhere to be read);
+`harness.security.measure` reports utility under attack over all pairs and over the observable ones.
 """
 from __future__ import annotations
 
@@ -63,13 +70,58 @@ def attack_task(base: Task, injection_task_id: str, attack: str) -> Task | None:
     env = injected_environment(version, name, json.dumps(injections, sort_keys=True))
     gold = data.gold_plan(suite, user_task, env.model_copy(deep=True))
     start = user_task.init_environment(env.model_copy(deep=True))
+    unobservable = unobservable_values(user_task.PROMPT, gold, user_task.init_environment(data.default_environment(suite)),
+                                       start)
     attacker_calls = [{"name": c.function, "arguments": dict(c.args)} for c in inj_task.ground_truth(start)]
     meta = dict(base.metadata, injections=injections, injection_task=injection_task_id, attack=attack,
                 injection={"texts": sorted(set(injections.values())), "attacker_calls": attacker_calls, "phrasing": attack,
-                           "goal": injection_task_id, "vector": ",".join(sorted(injections))})
+                           "goal": injection_task_id, "vector": ",".join(sorted(injections))},
+                unobservable=unobservable)
     return Task(id=f"{base.id}/{injection_task_id}/{attack}", domain=base.domain, category=base.category,
                 difficulty=base.difficulty, instruction=base.instruction, tools=list(base.tools), verifier=dict(base.verifier),
                 gold=gold, template=base.template, split=base.split, seed=base.seed, metadata=meta)
+
+
+def _leaves(environment: Any) -> list[str]:
+    """Every scalar of an AgentDojo environment, as whitespace-normalised lower-case text."""
+    def walk(x: Any) -> Any:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                yield k
+                yield from walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                yield from walk(v)
+        elif x is not None:
+            yield x
+    return [_norm(v) for v in walk(json.loads(environment.model_dump_json()))]
+
+
+def _norm(v: Any) -> str:
+    return " ".join(str(v).lower().split())
+
+
+def unobservable_values(prompt: str, gold: list[dict[str, Any]], clean_env: Any, attacked_env: Any) -> list[str]:
+    """The ground truth's call argument values that the attack deleted (module docstring): present (as a substring of
+    some value) in `clean_env`, absent from every value of `attacked_env` and from `prompt`. Substring matching errs
+    towards "observable" (a short number occurs somewhere in almost any world)."""
+    clean, attacked, said = _leaves(clean_env), _leaves(attacked_env), _norm(prompt)
+    out: list[str] = []
+    for step in gold:
+        if step.get("kind") != "tool_call":
+            continue
+        stack = [step.get("arguments") or {}]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, dict):
+                stack.extend(x.values())
+            elif isinstance(x, list):
+                stack.extend(x)
+            elif x is not None and not isinstance(x, bool):
+                n = _norm(x)
+                if n and any(n in c for c in clean) and not any(n in a for a in attacked) and n not in said and str(x) not in out:
+                    out.append(str(x))
+    return out
 
 
 def attack_tasks(base_tasks: list[Task], attack: str, suites: tuple[str, ...] = data.SUITES,

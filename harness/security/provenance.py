@@ -33,6 +33,8 @@ INSTRUCTION = re.compile(
     r"|\bdo not (tell|inform|mention)\b[^.\n]{0,30}\buser\b|\bwithout (asking|telling|informing)\b",
     re.IGNORECASE)
 CLOSE = re.compile(r"<\s*/\s*information\s*>", re.IGNORECASE)
+# a literal in quotes (not an apostrophe inside a word): what an injected order names as its target
+QUOTED = re.compile("(?<![\\w])[\"'`\u2018\u201c]([^\"'`\u2019\u201d\n]{1,80}?)[\"'`\u2019\u201d](?![\\w])")
 EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 URL = re.compile(r"(?:https?://|www\.)[^\s<>\"')]+|\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|co|info)(?:/[^\s<>\"')]*)?",
                  re.IGNORECASE)
@@ -185,11 +187,14 @@ class Provenance:
     def observe_result(self, call_args: Any, result: Any) -> None:
         """A tool result: trusted as data only when the call's own argument values were trusted; its text counts
         (for purposed sinks) only when the user named the document."""
+        data = parse_result(result)
+        for v in scalars(data):  # instruction spans are evidence whoever's read brought them
+            if isinstance(v, str) and is_free_text(v):
+                self.flagged += [v[a:b] for a, b in instruction_spans(v)]
         # selectors (ids, names, queries) decide what is read; free-text arguments (content being written) do not
         if not all(self.trusted(v, doc=True) for v in scalars(call_args) if not (isinstance(v, str) and is_free_text(v))):
             return
         named = self.named(call_args)
-        data = parse_result(result)
         for v in list(scalars(data)) + list(keys(data)):
             if isinstance(v, bool):
                 continue
@@ -199,8 +204,6 @@ class Provenance:
                 continue
             s = str(v)
             if is_free_text(s):
-                spans = instruction_spans(s)
-                self.flagged += [s[a:b] for a, b in spans]
                 if named:
                     self.docs.append(strip_instructions(s))
             else:
@@ -236,6 +239,20 @@ class Provenance:
         texts = self.user_text + (self.docs if doc else [])
         return any(_contains(norm(t), n) for t in texts) or (
             len(digits(s)) >= 7 and not re.search(r"[a-z]", n) and any(digits(s) in digits(t) for t in texts if PHONE.search(t)))
+
+    def injected(self, v: Any) -> bool:
+        """Whether a string value is a literal an instruction span seen in a tool result quotes ("delete the file with
+        ID '13'") and the user never said. Such a value is refused at a sink even when a trusted listing also shows
+        it: the injected order, not the user's criterion, may have picked it. Only quoted literals, matched whole:
+        injections name their targets that way, while a bare word of an injected sentence ("Alice", a path segment
+        of a URL) is also the user's own data often enough to cost the oracle its utility (dev split). This rests on
+        the detector (`INSTRUCTION`), so it is defence in depth, not a guarantee."""
+        if not isinstance(v, str) or not self.flagged:
+            return False
+        n = norm(v)
+        if not n or any(_contains(norm(t), n) for t in self.user_text):
+            return False
+        return any(norm(q) == n for span in self.flagged for q in QUOTED.findall(span))
 
     def _date(self, month: int, day: int, iso: str, doc: bool) -> bool:
         """An ISO date (a time after it goes with it): written as such, or as its month's name and its day within a

@@ -90,5 +90,6 @@ def test_runtime_errors_are_typed_and_the_injection_hooks_work(env, all_tasks):
     assert fb.ok and "CANARY-7731" in fb.result
     env.step(Action.message("Paid."))
     v = env.verify()
-    assert [c.name for c in v.checks] == ["agentdojo_utility", "agentdojo_security"] and v.checks[1].weight == 0.0
+    assert [c.name for c in v.checks] == ["agentdojo_utility", "agentdojo_security"]
     assert v.checks[1].passed  # nothing was sent to the attacker
+    assert v.success == v.checks[0].passed  # success = the user's goal and not the attacker's (the RL reward)
