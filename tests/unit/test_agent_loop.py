@@ -19,11 +19,6 @@ from mpa_jax.rollout.types import EngineError
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
-
-
-@pytest.fixture(scope="module")
 def tasks():
     dev = load_tasks("dev")
     return [t for t in dev if t.category == "tool_use" and not t.faults][:6]

@@ -68,11 +68,6 @@ def _task() -> Task:
                 tools=["add"], verifier={}, gold=gold)
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
-
-
 def _gold_replies() -> list[str]:
     return [tk.format_tool_call("add", {"n": 2}), "Added 2.", tk.format_tool_call("add", {"n": 5}), "Added 5.",
             "The counter is 7."]

@@ -26,11 +26,6 @@ from mpa_jax.rollout.types import EngineError, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return tk.build_tokenizer(tk.synthetic_corpus(300), 2048, None)
-
-
-@pytest.fixture(scope="module")
 def tasks():
     return [t for t in load_tasks("dev") if t.category == "tool_use" and not t.faults][:3]
 

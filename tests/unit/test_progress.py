@@ -1,6 +1,6 @@
 """Progress: plain periodic lines (step, rate, ETA) when the stream is not a terminal, named phases."""
 import io
-import time
+import threading
 
 from mpa_jax.train.progress import Progress, format_duration
 
@@ -11,6 +11,20 @@ class Clock:
 
     def __call__(self):
         return self.t
+
+
+class _Watched(io.StringIO):
+    """A log stream that sets `seen` once a line containing `text` is written (a wait, not a sleep)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, threading.Event()
+
+    def write(self, s: str) -> int:
+        n = super().write(s)
+        if self.text in s:
+            self.seen.set()
+        return n
 
 
 def test_plain_lines_come_first_after_first_s_then_every_every_s_with_rate_and_eta():
@@ -47,10 +61,10 @@ def test_slow_steps_show_seconds_per_step_and_close_prints_the_last_state():
 
 
 def test_phase_names_itself_while_it_runs_and_reports_its_duration():
-    out = io.StringIO()
+    out = _Watched("still compiling")
     p = Progress("sft", total=5, every_s=1.0, first_s=0.0, stream=out)
     with p.phase("compiling the train step"):
-        time.sleep(1.3)  # long enough for one heartbeat (the heartbeat's period is what is tested)
+        assert out.seen.wait(60), "no heartbeat"  # the phase lasts until its heartbeat is written
     lines = out.getvalue().splitlines()
     assert lines[0] == "sft: compiling the train step..."
     assert lines[1].startswith("sft: still compiling the train step (")
@@ -70,14 +84,14 @@ def test_disabled_prints_nothing_and_durations_format():
 
 def test_ticking_prints_the_current_line_while_nothing_finishes():
     """A first step that compiles for a while: the log still gets a line every `every_s` (plain mode)."""
-    out = io.StringIO()
+    out = _Watched("eval: episode 0/4")
     p = Progress("eval", total=4, unit="episode", every_s=1.0, first_s=0.0, stream=out)
     with p.ticking():
-        time.sleep(1.3)  # nothing finishes for longer than every_s (the ticker's period is what is tested)
+        assert out.seen.wait(60), "no tick"  # nothing finishes until the ticker has written its line
     lines = out.getvalue().splitlines()
     assert lines and lines[0].startswith("eval: episode 0/4 (0%)  elapsed ")
     tty = io.StringIO()
     q = Progress("eval", total=4, every_s=1.0, first_s=0.0, stream=tty, tty=True)
     with q.ticking():
-        time.sleep(1.1)
-    assert tty.getvalue() == ""  # a terminal has its bar instead
+        ticker = [t for t in threading.enumerate() if t.name == "progress-eval"]
+    assert ticker == [] and tty.getvalue() == ""  # a terminal has its bar instead: no ticker runs
