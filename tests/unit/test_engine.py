@@ -6,6 +6,8 @@ import time
 import numpy as np
 import pytest
 
+from mpa_jax.rollout.engine.decoder import max_programs, spans_for
+
 import jax
 import torch
 import transformers
@@ -129,7 +131,21 @@ def test_any_mix_of_prompt_lengths_compiles_a_bounded_set_of_programs(ckpt):
     engine.generate(_prompts((5, 40, 33)), sp.replace(max_new_tokens=3))
     engine.generate_batch(_prompts((7, 50)), sp)
     assert engine.compiles == before and engine.programs == programs
+    # A random mix of lengths and sampling paths (greedy, sampled, filtered) adds none past the
+    # bound computed from the shape alone.
+    rng = np.random.default_rng(3)
+    for n in rng.integers(1, 60, 5):
+        engine.generate(_prompts((int(n), int(rng.integers(1, 60)))), sp.replace(temperature=1.0, top_k=5))
+    engine.generate(_prompts((9, 31)), sp.replace(temperature=0.7))
+    assert engine.programs <= max_programs(engine._loop.dec.cols) <= 6, engine.stats()
     engine.close()
+
+
+def test_program_bound_from_the_config_alone():
+    """The bound (decode_params + an admission and a decode chunk program per span) for the default configs'
+    slots: configs/tiny.py (4,096-token slots, prefill_chunk 256) and a Qwen3-1.7B shape (4,096, 512)."""
+    assert spans_for(4096 + 256) == (1024, 4352) and max_programs(4096 + 256) == 5
+    assert max_programs(4096 + 512) == 5 and max_programs(2048 + 256) == 5 and max_programs(200) == 3
 
 
 def test_bad_inputs_are_named(engine):

@@ -23,7 +23,7 @@ import numpy as np
 from mpa_jax import models
 from mpa_jax.rollout.engine import programs
 
-__all__ = ["SlotDecoder", "SUPPORTED_FAMILIES", "bucket"]
+__all__ = ["SlotDecoder", "SUPPORTED_FAMILIES", "bucket", "spans_for", "max_programs"]
 
 SUPPORTED_FAMILIES = tuple(models.registry.FAMILIES)  # every family implements `decode_slots`
 
@@ -32,6 +32,20 @@ def bucket(n: int, minimum: int = 1) -> int:
     """Smallest power of two >= max(n, minimum)."""
     n = max(int(n), int(minimum), 1)
     return 1 << (n - 1).bit_length()
+
+
+def spans_for(cols: int) -> tuple[int, ...]:
+    """The attention spans of a decoder with `cols` columns per row, fixed by its shape, never by the
+    requests: a short span (the power of two at or below a quarter of the columns, at least 256) for rows
+    that hold little, and all the columns. Two, so that programs stay few (`max_programs`)."""
+    short = max(1 << (max(int(cols) // 4, 1).bit_length() - 1), 256)
+    return (short, int(cols)) if short < cols else (int(cols),)
+
+
+def max_programs(cols: int) -> int:
+    """The bound on compiled programs per model config and slot shape, computable from the config alone:
+    `decode_params` + (one admission + one decode chunk program) per span: 5 with two spans."""
+    return 1 + 2 * len(spans_for(cols))
 
 
 class SlotDecoder:
@@ -44,7 +58,7 @@ class SlotDecoder:
 
     def __init__(self, cfg: models.ModelConfig, *, slots: int, max_len: int, chunk: int = 8, vocab_limit: int | None = None,
                  cache_dtype: str | None = None, replica_mesh: Any = None, mesh: Any = None, max_prefill: int = 16,
-                 long_chunk: int | None = None, chunk_tokens: int = 256, min_span: int = 256) -> None:
+                 long_chunk: int | None = None, chunk_tokens: int = 256) -> None:
         if cfg.family not in SUPPORTED_FAMILIES:
             raise ValueError(f"SlotDecoder: model family {cfg.family!r} has no slot decoding")
         if chunk < 1 or max_len < 2:
@@ -60,7 +74,7 @@ class SlotDecoder:
         self.max_len = int(max_len)
         self.chunk_tokens = int(chunk_tokens)
         self.cols = self.max_len + self.chunk_tokens  # a last prefill chunk's padding never wraps
-        self.min_span = int(min_span)
+        self.spans = spans_for(self.cols)
         self.max_prefill = min(bucket(max_prefill), self.per_replica)  # rows per replica of a full admission call
         self.small_chunk = min(64, self.chunk_tokens)  # new tokens per row of a short admission (a turn's continuation)
         self.vocab_limit = int(vocab_limit) if vocab_limit is not None else int(cfg.vocab_size)
@@ -103,9 +117,15 @@ class SlotDecoder:
         return int(prompt_len) + int(max_new) <= self.max_len
 
     def span(self, needed: int) -> int:
-        """Columns a chunk attends over when its rows hold at most `needed` (its steps included): a power of
-        two from `min_span` (attention and the window copy cost what the rows hold), capped at the columns."""
-        return min(bucket(needed, self.min_span), self.cols)
+        """Columns a call attends over when its rows hold at most `needed` (its steps included): the
+        smallest of `spans` that holds them (attention and the window copy cost what the rows hold)."""
+        return next(s for s in self.spans if s >= needed)
+
+    @property
+    def program_bound(self) -> int:
+        """The most programs this decoder can compile, whatever it is asked: `decode_params` + one
+        admission and one decode chunk program per span (`max_programs`)."""
+        return max_programs(self.cols)
 
     # ---- programs -------------------------------------------------------------------------------------
 
@@ -119,14 +139,13 @@ class SlotDecoder:
         `max_prefill` rows per replica (the caller splits); src and dst on the same replica. All placements
         of a call read the state before it."""
         r = self.replicas
-        # The call's shape fits what is waiting (a lone turn continuation is one short row, not a full
-        # block of padding): rows per replica 1 or `max_prefill`, new tokens per row `small_chunk` or
-        # `chunk_tokens`, columns the span its rows reach. Programs: 2 x 2 x the spans used.
-        most = max(np.bincount([row[1] % r for row in rows], minlength=r))
-        nb = 1 if most <= 1 else self.max_prefill
+        # One program per span: its rows per replica (1 or `max_prefill`) and new tokens per row
+        # (`small_chunk` or `chunk_tokens`) are picked inside it from what each replica was given (a lone
+        # turn continuation is one short row, not a full block of padding).
         longest = max(len(row[4]) for row in rows)
-        c = self.small_chunk if longest <= self.small_chunk else self.chunk_tokens
-        span = self.span(max(row[5] + c for row in rows))
+        nb, c = self.max_prefill, self.chunk_tokens
+        ran_c = self.small_chunk if longest <= self.small_chunk else self.chunk_tokens  # the chunk's padded columns
+        span = self.span(max(max(row[5] + ran_c, row[2]) for row in rows))
         ids = np.zeros((r, nb, c), np.int32)
         ints = np.zeros((r, nb, 6), np.int32)
         ints[:, :, 1] = self.per_replica  # filler: dropped
@@ -135,7 +154,7 @@ class SlotDecoder:
             k = dst % r
             if src % r != k:
                 raise ValueError(f"SlotDecoder.admit: slots {src} and {dst} are on different replicas")
-            if len(toks) > c or start + len(toks) > self.max_len or keep > span:
+            if len(toks) > c or start + len(toks) > self.max_len:
                 raise ValueError(f"SlotDecoder.admit: {len(toks)} tokens after {start} (keeping {keep}) do not fit a chunk of {c}"
                                  f" / slot of {self.max_len}")
             if fill[k] == nb:
@@ -144,44 +163,49 @@ class SlotDecoder:
             fill[k] += 1
             ids[k, j, : len(toks)] = toks
             ints[k, j] = (src // r, dst // r, keep, int(with_logits), len(toks), start)
-        self.programs.add(("admit", nb, c, span))
-        program = programs.admit_program(self.cfg, self.cache_dtype, span, self._shard_map_mesh, self._out)
+        self.programs.add(("admit", span))
+        program = programs.admit_program(self.cfg, self.cache_dtype, span, self.max_prefill, self.chunk_tokens,
+                                         self.small_chunk, self._shard_map_mesh, self._out)
         self.state, self.logits = program(self._dparams, self.state, self.logits, self._put(ids), self._put(ints))
         self.prefills += 1
-        self.columns += c * nb * r
+        # Columns the call computed: the shape each replica with rows ran (the program's own choice).
+        self.columns += sum((1 if k <= 1 else self.max_prefill) * ran_c for k in np.bincount([row[1] % r for row in rows], minlength=r) if k)
 
     def decode(self, pos: np.ndarray, t: np.ndarray, live: np.ndarray, seeds: np.ndarray, temperature: np.ndarray,
-               top_k: np.ndarray, top_p: np.ndarray, max_new: np.ndarray, stops: np.ndarray, *, greedy: bool,
-               filtered: bool, n_top: int, steps: int | None = None, span: int | None = None) -> tuple[np.ndarray, ...]:
+               top_k: np.ndarray, top_p: np.ndarray, max_new: np.ndarray, stops: np.ndarray, *, n_top: int = 0,
+               steps: int | None = None, span: int | None = None) -> tuple[np.ndarray, ...]:
         """One chunk of `steps` (default `chunk`, at most `long_chunk`) over every slot, attending over
         the first `span` columns (default all). Per-slot host arrays [S, ...] in slot order; returns numpy
         in slot order (tokens [S, long_chunk], log-probs, emitted, live [S], stopped [S], top ids, top
         log-probs)."""
         r, per = self.replicas, self.per_replica
-        # Rows computed per replica: the first slot alone when it is all that runs (a lone request), else all.
-        width = 1 if not live.any() or int(np.flatnonzero(live).max()) < r else per
 
-        def to_dev(a: np.ndarray) -> np.ndarray:  # [S, ...] slot order -> [R, width, ...]
-            return np.swapaxes(a.reshape((per, r) + a.shape[1:]), 0, 1)[:, :width]
+        def to_dev(a: np.ndarray) -> np.ndarray:  # [S, ...] slot order -> [R, per, ...]
+            return np.swapaxes(a.reshape((per, r) + a.shape[1:]), 0, 1)
 
-        def to_host(a: np.ndarray) -> np.ndarray:  # [R, width, ...] -> [S, ...] slot order, zero-filled
-            full = np.zeros((r, per) + a.shape[2:], a.dtype)
-            full[:, :width] = a
-            return np.swapaxes(full, 0, 1).reshape((self.slots,) + a.shape[2:])
+        def to_host(a: np.ndarray) -> np.ndarray:  # [R, per, ...] -> [S, ...] slot order
+            return np.swapaxes(a, 0, 1).reshape((self.slots,) + a.shape[2:])
 
         steps = self.chunk if steps is None else int(steps)
         span = self.cols if span is None else int(span)
-        if not 1 <= steps <= self.long_chunk or span > self.cols or (live.any() and int(pos[live].max()) + steps > span):
+        if span not in self.spans:
+            span = self.span(span)
+        if not 1 <= steps <= self.long_chunk or (live.any() and int(pos[live].max()) + steps > span):
             raise ValueError(f"SlotDecoder.decode: {steps} steps over a span of {span} do not fit the rows")
-        self.programs.add(("chunk", self.long_chunk, greedy, filtered, n_top, width, span))
-        program = programs.chunk_program(self.cfg, self.vocab_limit, self.long_chunk, greedy, filtered, n_top, width, span,
-                                         self._shard_map_mesh, self._out)
+        if n_top > programs.N_TOP:
+            raise ValueError(f"SlotDecoder.decode: at most {programs.N_TOP} top log-probs, got {n_top}")
+        self.programs.add(("chunk", span))
+        program = programs.chunk_program(self.cfg, self.vocab_limit, self.long_chunk, per, span, self._shard_map_mesh,
+                                         self._out)
         # Two host->device transfers per chunk (ints, floats), not one per knob: each is a round trip per replica.
         n_run = np.full((self.slots,), steps, np.int32)
-        ints = np.concatenate([np.stack([pos, t, live, seeds.view(np.int32), top_k, max_new, n_run], axis=1).astype(np.int32),
+        want = np.full((self.slots,), int(n_top > 0), np.int32)
+        ints = np.concatenate([np.stack([pos, t, live, seeds.view(np.int32), top_k, max_new, n_run, want], axis=1).astype(np.int32),
                                stops.astype(np.int32)], axis=1)
         floats = np.stack([temperature, top_p], axis=1).astype(np.float32)
         self.state, self.logits, *outs = program(self._dparams, self.state, self.logits, self._put(to_dev(ints)),
                                                  self._put(to_dev(floats)))
         self.steps += 1
-        return tuple(to_host(np.asarray(x)) for x in jax.device_get(outs))
+        # The top log-probs come back only when asked for (N_TOP per token per row).
+        got = jax.device_get(outs if n_top else outs[:5])
+        return tuple(to_host(np.asarray(x)) for x in got) + (() if n_top else (None, None))

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from mpa_jax import models
 from mpa_jax.rollout import sampling
 
-__all__ = ["decode_params_program", "admit_program", "chunk_program", "step"]
+__all__ = ["decode_params_program", "admit_program", "chunk_program", "step", "N_TOP"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,47 +46,88 @@ def _per_replica(fn: Callable, mesh: Any, n_args: int, out: Any, donate: tuple[i
     return jax.jit(fn, donate_argnums=donate)
 
 
+# Top log-probs are always returned this wide (the API's cap, `Engine.generate(top_logprobs=)` <= 64) and
+# computed only in chunks where a row asks for them: a request's top_logprobs never picks a program.
+N_TOP = 64
+
+
 @functools.lru_cache(maxsize=None)
-def admit_program(cfg: models.ModelConfig, cache_dtype: str | None, span: int, mesh: Any, out: Any):
-    """Admission: each of `nb` rows is first placed (`models.place_slots`: a prefix copied from another
-    row, cut, emptied, or left as it is), then continued by up to C new tokens (`models.extend_slots`: a
-    chunk of its prompt); rows with no new tokens keep the logits placed with them. Only the first `span`
-    columns of each row are read and written (every row's tokens, new ones included, lie below it)."""
+def admit_program(cfg: models.ModelConfig, cache_dtype: str | None, span: int, rows: int, chunk: int, small_chunk: int,
+                  mesh: Any, out: Any):
+    """Admission: each of up to `rows` rows is first placed (`models.place_slots`: a prefix copied from
+    another row, cut, emptied, or left as it is), then continued by up to `chunk` new tokens
+    (`models.extend_slots`: a chunk of its prompt); rows with no new tokens keep the logits placed with
+    them. Only the first `span` columns of each row are read and written (every row's tokens, new ones
+    included, lie below it).
+
+    The work is shaped by what each replica was given, as data, inside this one program (a `lax.switch`,
+    not a program per shape): 1 or `rows` rows (the host packs a replica's rows from index 0) x
+    `small_chunk` or `chunk` new tokens per row; a replica with no row skips the call."""
+    shapes = sorted({(nb, c) for nb in (1, rows) for c in (small_chunk, chunk)})
 
     def admit(params, state, logits, ids, ints):
-        # One replica: ids [1, nb, C]; ints [1, nb, 6] = (src, dst, keep, copy logits, new tokens, start) as
-        # slots of this replica (dst out of range: filler).
-        src, dst, keep, with_logits, n, start = (ints[0, :, j] for j in range(6))
+        # One replica: ids [1, rows, chunk]; ints [1, rows, 6] = (src, dst, keep, copy logits, new tokens,
+        # start) as slots of this replica (dst out of range: filler).
         per = logits.shape[1]
 
-        def run(state, logits):
-            one = jax.tree.map(lambda x: x[0], state)
-            one = models.place_slots(cfg, one, src, dst, keep, span)
-            lg = logits[0]
-            moved = jnp.where((with_logits != 0)[:, None], lg[jnp.clip(src, 0, per - 1)], lg[jnp.clip(dst, 0, per - 1)])
-            lg = lg.at[dst].set(moved, mode="drop")
-            new, one = models.extend_slots(cfg, params, one, ids[0], n, dst, start, cache_dtype, span)
-            lg = lg.at[jnp.where(n > 0, dst, per)].set(new, mode="drop")
-            return jax.tree.map(lambda x: x[None], one), lg[None]
+        def shaped(nb: int, c: int) -> Callable:
+            def run(state, logits):
+                src, dst, keep, with_logits, n, start = (ints[0, :nb, j] for j in range(6))
+                one = jax.tree.map(lambda x: x[0], state)
+                one = models.place_slots(cfg, one, src, dst, keep, span)
+                lg = logits[0]
+                moved = jnp.where((with_logits != 0)[:, None], lg[jnp.clip(src, 0, per - 1)], lg[jnp.clip(dst, 0, per - 1)])
+                lg = lg.at[dst].set(moved, mode="drop")
+                new, one = models.extend_slots(cfg, params, one, ids[0, :nb, :c], n, dst, start, cache_dtype, span)
+                lg = lg.at[jnp.where(n > 0, dst, per)].set(new, mode="drop")
+                return jax.tree.map(lambda x: x[None], one), lg[None]
 
+            return run
+
+        dst, n = ints[0, :, 1], ints[0, :, 4]
+        real = dst < per
+        nb_big = jnp.sum(real) > 1
+        c_big = jnp.max(jnp.where(real, n, 0)) > small_chunk
         # A replica with no row of its own this call skips the work (its filler rows would take a core
         # from the replica that has one: a lone returning episode is the common admission).
-        return jax.lax.cond(jnp.any(dst < per), run, lambda s, lg: (s, lg), state, logits)
+        table = jnp.array([[1 + shapes.index((rows if nbb else 1, chunk if cb else small_chunk)) for cb in (0, 1)]
+                           for nbb in (0, 1)], jnp.int32)
+        pick = jnp.where(jnp.any(real), table[nb_big.astype(jnp.int32), c_big.astype(jnp.int32)], 0)
+        branches = [lambda s, lg: (s, lg)] + [shaped(nb, c) for nb, c in shapes]
+        return jax.lax.switch(pick, branches, state, logits)
 
     return _per_replica(admit, mesh, 5, out, (1, 2))
 
 
-def step(cfg: models.ModelConfig, vocab_limit: int, greedy: bool, filtered: bool, n_top: int, params: Any, keys: jax.Array,
-         knobs: tuple[jax.Array, ...], carry: tuple) -> tuple:
+def step(cfg: models.ModelConfig, vocab_limit: int, params: Any, keys: jax.Array, knobs: tuple[jax.Array, ...],
+         want_top: jax.Array, carry: tuple) -> tuple:
     """One decode step of every row: sample from its logits (its own knobs, key and step counter), stop
     on a stop id or its budget, feed the token at the row's own column. `carry` = (state, logits, pos,
-    t, live, stopped, token, log-prob, top ids, top log-probs); a row that is not live keeps its state."""
+    t, live, stopped); a row that is not live keeps its state. The sampling path is data: greedy (every
+    live row at temperature 0), sampled, or sampled with top-k / top-p filters, each row at temperature
+    0 taking its argmax; the `N_TOP` top log-probs are computed when `want_top`. One program for all."""
     temperature, top_k, top_p, max_new, stops = knobs
     state, logits, pos, t, live, stopped = carry
-    picked = sampling.sample_step(sampling.mask_vocab(logits, vocab_limit), keys, t, temperature, top_k, top_p,
-                                  greedy=greedy, filtered=filtered, mixed=not greedy, n_top=n_top)
-    tok = jnp.where(live, picked[0], 0)
-    lp = jnp.where(live, picked[1], 0.0)
+    z = sampling.mask_vocab(logits, vocab_limit)
+    sampled = live & (temperature > 0.0)
+    filtered = sampled & ((top_k > 0) | (top_p < 1.0))
+    path = jnp.where(jnp.any(filtered), 2, jnp.where(jnp.any(sampled), 1, 0))
+
+    def pick(greedy: bool, filt: bool) -> Callable:
+        return lambda z: sampling.sample_step(z, keys, t, temperature, top_k, top_p, greedy=greedy, filtered=filt,
+                                              mixed=not greedy)
+
+    tok, lp = jax.lax.switch(path, [pick(True, False), pick(False, False), pick(False, True)], z)
+    tok = jnp.where(live, tok, 0)
+    lp = jnp.where(live, lp, 0.0)
+
+    def tops(z):
+        lz = sampling.scaled_logits(z, temperature)
+        top_z, top_ids = jax.lax.top_k(lz, N_TOP)
+        return top_ids.astype(jnp.int32), top_z - jax.nn.logsumexp(lz, axis=-1, keepdims=True)
+
+    none = lambda z: (jnp.zeros((z.shape[0], N_TOP), jnp.int32), jnp.zeros((z.shape[0], N_TOP), jnp.float32))  # noqa: E731
+    top_ids, top_lp = jax.lax.cond(want_top, tops, none, z)
     hit = live & jnp.any(tok[:, None] == stops, axis=1)
     t = t + live.astype(jnp.int32)
     emitted = live
@@ -94,7 +135,7 @@ def step(cfg: models.ModelConfig, vocab_limit: int, greedy: bool, filtered: bool
     live = live & ~hit & (t < max_new)
     logits, state = models.decode_slots(cfg, params, tok, pos, live, state, pos)
     pos = pos + live.astype(jnp.int32)
-    return (state, logits, pos, t, live, stopped), (tok, lp, emitted, *picked[2:])
+    return (state, logits, pos, t, live, stopped), (tok, lp, emitted, top_ids, top_lp)
 
 
 def _window(cfg: models.ModelConfig, width: int, span: int):
@@ -131,42 +172,59 @@ def _window(cfg: models.ModelConfig, width: int, span: int):
 
 
 @functools.lru_cache(maxsize=None)
-def chunk_program(cfg: models.ModelConfig, vocab_limit: int, steps: int, greedy: bool, filtered: bool, n_top: int,
-                  width: int, span: int, mesh: Any, out: Any):
-    """Up to `steps` decode steps (the count run is an input: a short chunk reuses the long one's program)."""
-    take, put = _window(cfg, width, span)
+def chunk_program(cfg: models.ModelConfig, vocab_limit: int, steps: int, per: int, span: int, mesh: Any, out: Any):
+    """Up to `steps` decode steps (the count run is an input: a short chunk reuses the long one's program)
+    over each replica's first slot alone (when no other row of it is live: a lone request) or all its
+    `per` slots, chosen as data inside the one program; sampling paths are data too (`step`)."""
+
+    def windowed(width: int) -> Callable:
+        take, put = _window(cfg, width, span)
+
+        def run(full_state, full_logits, ints, floats, params):
+            r = full_logits.shape[0]
+            flat = lambda x: x[:, :width].reshape((r * width,) + x.shape[2:])  # noqa: E731
+            state = take(full_state)
+            logits, ints, floats = flat(full_logits), flat(ints), flat(floats)
+            pos, t, live, top_k, max_new, n_run = ints[:, 0], ints[:, 1], ints[:, 2] != 0, ints[:, 4], ints[:, 5], ints[0, 6]
+            want_top = jnp.any(live & (ints[:, 7] != 0))
+            seeds, stops = jax.lax.bitcast_convert_type(ints[:, 3], jnp.uint32), ints[:, 8:]
+            knobs = (floats[:, 0], top_k, floats[:, 1], max_new, stops)
+            s = r * width
+            keys = jax.vmap(jax.random.key)(seeds)
+            outs = [jnp.zeros((s, steps), jnp.int32), jnp.zeros((s, steps), jnp.float32), jnp.zeros((s, steps), bool),
+                    jnp.zeros((s, steps, N_TOP), jnp.int32), jnp.zeros((s, steps, N_TOP), jnp.float32)]
+
+            def body(c):
+                k, carry, outs = c
+                carry, new = step(cfg, vocab_limit, params, keys, knobs, want_top, carry)
+                outs = [o.at[:, k].set(x) for o, x in zip(outs, new)]
+                return k + 1, carry, outs
+
+            # A trip count XLA cannot see: with a static one XLA:CPU unrolls the loop and copies every cache
+            # of the carry each step. A replica with no live row runs no step (its idle program would take
+            # cores from the busy one).
+            n_steps = jnp.where(live.any(), jnp.minimum(n_run, steps), 0)
+            carry = (state, logits, pos, t, live, jnp.zeros((s,), bool))
+            _, carry, outs = jax.lax.while_loop(lambda c: c[0] < n_steps, body, (jnp.int32(0), carry, outs))
+
+            def unflat(x: jax.Array) -> jax.Array:  # [R * width, ...] -> [R, per, ...], zero past `width`
+                x = x.reshape((r, width) + x.shape[1:])
+                if width == per:
+                    return x
+                return jnp.zeros((r, per) + x.shape[2:], x.dtype).at[:, :width].set(x)
+
+            state = put(full_state, carry[0])
+            logits = unflat(carry[1]) if width == per else jax.lax.dynamic_update_slice(
+                full_logits, carry[1].reshape((r, width) + carry[1].shape[1:]), (0, 0, 0))
+            return (state, logits, *(unflat(x) for x in (outs[0], outs[1], outs[2], carry[4], carry[5], *outs[3:])))
+
+        return run
 
     def run(params, full_state, full_logits, ints, floats):
-        # [R, width, ...] -> [R * width, ...]: the slots of this chunk as one batch (R = 1 per replica).
-        r, per = full_logits.shape[:2]
-        flat = lambda x: x.reshape((r * width,) + x.shape[2:])  # noqa: E731
-        state = take(full_state)
-        logits = flat(full_logits if width == per else full_logits[:, :width])
-        ints, floats = flat(ints), flat(floats)
-        pos, t, live, top_k, max_new, n_run = ints[:, 0], ints[:, 1], ints[:, 2] != 0, ints[:, 4], ints[:, 5], ints[0, 6]
-        seeds, stops = jax.lax.bitcast_convert_type(ints[:, 3], jnp.uint32), ints[:, 7:]
-        knobs = (floats[:, 0], top_k, floats[:, 1], max_new, stops)
-        s = r * width
-        keys = jax.vmap(jax.random.key)(seeds)
-        outs = [jnp.zeros((s, steps), jnp.int32), jnp.zeros((s, steps), jnp.float32), jnp.zeros((s, steps), bool)]
-        if n_top:
-            outs += [jnp.zeros((s, steps, n_top), jnp.int32), jnp.zeros((s, steps, n_top), jnp.float32)]
-
-        def body(c):
-            k, carry, outs = c
-            carry, new = step(cfg, vocab_limit, greedy, filtered, n_top, params, keys, knobs, carry)
-            outs = [o.at[:, k].set(x) for o, x in zip(outs, new)]
-            return k + 1, carry, outs
-
-        # A trip count XLA cannot see: with a static one XLA:CPU unrolls the loop and copies every cache
-        # of the carry each step. A replica with no live row runs no step (its idle program would take
-        # cores from the busy one).
-        n_steps = jnp.where(live.any(), jnp.minimum(n_run, steps), 0)
-        carry = (state, logits, pos, t, live, jnp.zeros((s,), bool))
-        _, carry, outs = jax.lax.while_loop(lambda c: c[0] < n_steps, body, (jnp.int32(0), carry, outs))
-        unflat = lambda x: x.reshape((r, width) + x.shape[1:])  # noqa: E731
-        state = put(full_state, carry[0])
-        logits = unflat(carry[1]) if width == per else jax.lax.dynamic_update_slice(full_logits, unflat(carry[1]), (0, 0, 0))
-        return (state, logits, *(unflat(x) for x in (outs[0], outs[1], outs[2], carry[4], carry[5], *outs[3:])))
+        # Per replica (R = 1 under the replica mesh): its first slot alone when no other of its rows is live.
+        if per == 1:
+            return windowed(1)(full_state, full_logits, ints, floats, params)
+        lone = ~jnp.any(ints[:, 1:, 2] != 0)
+        return jax.lax.cond(lone, windowed(1), windowed(per), full_state, full_logits, ints, floats, params)
 
     return _per_replica(run, mesh, 5, out, (1, 2))

@@ -116,7 +116,7 @@ class SlotLoop:
         self._top_k = np.full((s,), -1, np.int32)
         self._top_p = np.ones((s,), np.float32)
         self._max_new = np.ones((s,), np.int32)
-        self._n_stop = 4
+        self._n_stop = 16  # stop ids per request before a wider (recompiled) program: more than any chat template uses
         self._stops = np.full((s, self._n_stop), -1, np.int32)
         self._wake = threading.Event()
         self._gate = threading.Lock()  # held by the loop while it works; pause() takes it
@@ -447,10 +447,7 @@ class SlotLoop:
 
     def _step(self) -> None:
         live_reqs = [r for r in self._slot if r is not None]
-        greedy = all(r.params.greedy for r in live_reqs)
-        filtered = not greedy and any(r.params.filtered and not r.params.greedy for r in live_reqs)
-        want = max(r.top_logprobs for r in live_reqs)
-        n_top = bucket(want) if want else 0
+        n_top = max(r.top_logprobs for r in live_reqs)  # greedy / sampled / filtered: data in the one program
         queued = bool(self._waiting)
         steps = self.dec.long_chunk if self._lone() else self.dec.chunk
         steps = max(1, min(steps, int((self._max_new - self._t)[self._live].max())))
@@ -462,7 +459,7 @@ class SlotLoop:
         t0 = time.perf_counter()
         toks, lps, emitted, live, stopped, *tops = self.dec.decode(
             self._pos, self._t, self._live, self._seeds, self._temperature, self._top_k, self._top_p, self._max_new,
-            self._stops, greedy=greedy, filtered=filtered, n_top=n_top, steps=steps, span=span)
+            self._stops, n_top=n_top, steps=steps, span=span)
         t1 = time.perf_counter()
         self.seconds["decode"] += t1 - t0
         busy = int(emitted.sum())
