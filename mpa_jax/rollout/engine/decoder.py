@@ -7,9 +7,9 @@ arrays into the programs' fixed shapes:
 
 - `admit(rows)`: per row a placement (a prefix copied from another row of the same replica, cut, emptied)
   and up to `chunk_tokens` new tokens, `max_prefill` rows per replica a call (one program);
-- `decode(...)`: one chunk of up to `long_chunk` steps over each replica's first slot (a lone request) or
-  all its slots, attending over `span` columns (a power of two from `min_span`, 256): programs per sampling
-  path = 2 widths x the spans the rows reach, whatever the mix of prompt lengths below them.
+- `decode(...)`: one chunk of up to `long_chunk` steps over each replica's slots (its first slot alone when
+  no other is live: chosen inside the program), attending over one of `spans_for(cols)` (two spans fixed by
+  the shape): programs = `max_programs(cols)` = 1 + 2 x spans, whatever the requests.
 """
 from __future__ import annotations
 

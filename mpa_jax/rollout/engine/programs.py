@@ -9,8 +9,8 @@ outputs). They are cached per static shape, so engines of the same architecture 
   prefix; cut back; emptied: `models.place_slots`, with the next-token logits when asked), then continued
   by one fixed-size chunk of new tokens after what it holds (`models.extend_slots`): a prompt, or the part
   of one the row does not hold yet.
-- `chunk_program(...)`: up to `steps` decode steps (a traced count) over the first `width` slots of each
-  replica, attending over the first `span` columns (gathered once per chunk and written back): each
+- `chunk_program(...)`: up to `steps` decode steps (a traced count) over each replica's first slot or all
+  its slots (chosen inside), attending over the first `span` columns (gathered once per chunk and written back): each
   slot with its own sampling knobs, seed, step counter, stop ids and token budget. `step` is the one
   step body (sample, stop, write the token) that every generation path runs.
 """
