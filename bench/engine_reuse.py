@@ -145,6 +145,12 @@ def main() -> int:
     base_dir = tempfile.mkdtemp(prefix="mpa_base_")
     archive = subprocess.run(["git", "-C", ROOT, "archive", args.base_ref], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", base_dir], input=archive, check=True)
+    # setup.py maps kernels/, envs/ and harness/ into mpa_jax; the editable install maps them to THIS tree, so the
+    # base side gets its own folders linked into its package (found first on its sys.path)
+    for folder in ("kernels", "envs", "harness"):
+        link = os.path.join(base_dir, "mpa_jax", folder)
+        if os.path.isdir(os.path.join(base_dir, folder)) and not os.path.exists(link):
+            os.symlink(os.path.join(base_dir, folder), link)
     results = {}
     for side, tree in (("base", base_dir), ("new", ROOT)):
         env = {**os.environ, "PYTHONPATH": tree + os.pathsep + os.environ.get("PYTHONPATH", ""), "JAX_PLATFORMS": "cpu"}
