@@ -121,7 +121,7 @@ class Collector:
         try:
             for i, task in enumerate(tasks):
                 for v in range(max(1, variants)):
-                    s = seeds.derive("oracle", seed, i, v)
+                    s = seeds.derive("oracle", seed, seeds.task_key(task.id), v)
                     try:
                         ep = run_oracle_episode(env, task, seed=s, reasoning=reasoning)
                     except EnvUnavailable as e:  # every remaining episode would fail the same way: stop the run

@@ -206,7 +206,7 @@ class Evaluator:
         from mpa_jax.envs.oracle import OraclePlanner, plan_turn_bound
 
         out = []
-        for i, task in enumerate(tasks):
+        for task in tasks:
             env = runner.envs(runner.envs.kind_for(task))
             if runner.harness is not None:
                 from mpa_jax.harness.runtime import HarnessEnv
@@ -214,8 +214,9 @@ class Evaluator:
                 env = HarnessEnv(env, runner.harness)
             # the oracle's turn limit is its plan's bound (a ground truth may need more replies than the policy's)
             # the oracle's seed is the collector's (`seeds` stream "oracle", variant 0): the same demonstration of the
-            # task at the same position as `Collector.oracle` gives
-            p, turns = ((OraclePlanner(task.gold, seeds.derive("oracle", cfg.seed, i, 0), runner.envs.context.reasoning),
+            # task as `Collector.oracle` gives under the same base, wherever the task stands in either list
+            p, turns = ((OraclePlanner(task.gold, seeds.derive("oracle", cfg.seed, seeds.task_key(task.id), 0),
+                                       runner.envs.context.reasoning),
                          plan_turn_bound(task.gold))
                         if planner is ORACLE else (planner, cfg.max_turns))
             try:

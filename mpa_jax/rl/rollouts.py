@@ -98,6 +98,11 @@ def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tup
     t0 = time.perf_counter()
     g = int(rl.group_size)
     pending = [gi for gi in range(len(draws)) for _ in range(g)]
+    # each episode's sample index (mpa_jax.seeds): its task's occurrence count over the step's whole episode list, so
+    # the rollouts of a group differ, a task drawn in two groups of one step gets distinct seeds, and a retry keeps them
+    sample_of = seeds.occurrences(draws[gi][1].id for gi in pending)
+    pending = list(range(len(pending)))
+    group_of = [gi for gi in range(len(draws)) for _ in range(g)]
     done: list[tuple[int, Any]] = []
     for attempt in range(int(rl.infra_retries) + 1):
         if not pending:
@@ -105,11 +110,13 @@ def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tup
         # rounds: every batch on an idle engine, bitwise reproducible, so a resumed run samples what the first did
         cfg = EpisodeConfig.from_config(rollout, seed=step_seed(seed, step, attempt0 + attempt), temperature=float(rl.temperature),
                                         top_p=1.0, top_k=-1, planner=f"rl-{rl.algo}", schedule="rounds")
-        trajs = runner.run(engine, tokenizer, [draws[gi][1] for gi in pending], cfg, kinds=[draws[gi][0] for gi in pending])
+        trajs = runner.run(engine, tokenizer, [draws[group_of[e]][1] for e in pending], cfg,
+                           kinds=[draws[group_of[e]][0] for e in pending], samples=[sample_of[e] for e in pending])
         retry = []
-        for gi, tr in zip(pending, trajs):
+        for e, tr in zip(pending, trajs):
+            gi = group_of[e]
             if tr.infra_failure:
-                retry.append(gi)
+                retry.append(e)
             else:
                 tr.provenance["sampling"] = {"temperature": float(rl.temperature), "top_p": 1.0, "top_k": -1,
                                              "seed": cfg.seed, "for_ratios": True}
@@ -117,6 +124,7 @@ def group_rollouts(runner: Any, engine: Any, tokenizer: Any, draws: Sequence[tup
                 done.append((gi, tr))
         pending = retry
     dropped: dict[str, int] = {}
-    for gi in pending:
-        dropped[draws[gi][0]] = dropped.get(draws[gi][0], 0) + 1
+    for e in pending:
+        kind = draws[group_of[e]][0]
+        dropped[kind] = dropped.get(kind, 0) + 1
     return Rollouts(step, list(draws), [t for _, t in done], [gi for gi, _ in done], dropped, time.perf_counter() - t0, len(draws))

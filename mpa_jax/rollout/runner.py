@@ -117,9 +117,10 @@ class EpisodeConfig:
         return cls.from_config(tiny.rollout, seed=int(overrides.pop("seed", tiny.seed)), **overrides)
 
 
-def episode_seed(base: int, index: int, turn: int) -> int:
-    """Deterministic per-(episode, turn) sampling seed (the `sampling` stream of `mpa_jax.seeds`)."""
-    return seeds.derive("sampling", base, index, turn)
+def episode_seed(base: int, task_id: str, sample: int, turn: int) -> int:
+    """The sampling seed of one turn of sample `sample` of task `task_id` under `base`: the `sampling` stream over
+    the task's `episode` seed (`mpa_jax.seeds`), so it never depends on the task's place in the run's list."""
+    return seeds.derive("sampling", seeds.derive("episode", base, seeds.task_key(task_id), sample), turn)
 
 
 class EnvFactory:
@@ -156,6 +157,7 @@ class _Live:
     index: int
     task: Task
     kind: str
+    sample: int = 0  # the seed's sample index (mpa_jax.seeds): distinguishes the episodes of one task in one run
     env: Any = None
     session: Any = None  # tokenizer.chat.ChatSession: ids, loss mask, log-probs and messages
     rules: Episode | None = None
@@ -232,18 +234,25 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ the run
     def run(self, engine: Any, tokenizer: Any, tasks: Sequence[Task], cfg: EpisodeConfig | None = None, *,
-            kinds: Sequence[str] | None = None, on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
-        """One episode per task (results in task order). `kinds[i]` overrides task i's env kind; `on_done` is
-        called as each episode finishes (progress bars, streaming writes)."""
+            kinds: Sequence[str] | None = None, on_done: Callable[[Trajectory], None] | None = None,
+            samples: Sequence[int] | None = None) -> list[Trajectory]:
+        """One episode per task (results in task order). `kinds[i]` overrides task i's env kind; `samples[i]` is
+        episode i's sample index, its seed's key with the task id (default: the task id's occurrence count so far
+        in `tasks`, `mpa_jax.seeds.occurrences`); `on_done` is called as each episode finishes (progress bars,
+        streaming writes)."""
         cfg = cfg or EpisodeConfig.defaults()
         if kinds is not None and len(kinds) != len(tasks):
             raise ValueError(f"EpisodeRunner.run: {len(kinds)} kinds for {len(tasks)} tasks")
+        if samples is not None and len(samples) != len(tasks):
+            raise ValueError(f"EpisodeRunner.run: {len(samples)} samples for {len(tasks)} tasks")
         if self.harness is not None and self.harness.cfg.subagents and self.harness.subplanner is None:
             from mpa_jax.harness.planners import EnginePlanner
 
             self.harness.subplanner = EnginePlanner(engine, tokenizer, cfg.max_new_tokens, cfg.temperature, params_cls=SamplingParams,
                                                    engine_errors=(EngineError,))
-        run = _Run(self, engine, tokenizer, list(tasks), cfg, list(kinds) if kinds is not None else None, on_done)
+        tasks = list(tasks)
+        run = _Run(self, engine, tokenizer, tasks, cfg, list(kinds) if kinds is not None else None, on_done,
+                   [int(s) for s in samples] if samples is not None else seeds.occurrences(t.id for t in tasks))
         return run.go()
 
 
@@ -251,8 +260,9 @@ class _Run:
     """The state of one `EpisodeRunner.run` call."""
 
     def __init__(self, runner: EpisodeRunner, engine: Any, tokenizer: Any, tasks: list[Task], cfg: EpisodeConfig,
-                 kinds: list[str] | None, on_done: Callable[[Trajectory], None] | None) -> None:
+                 kinds: list[str] | None, on_done: Callable[[Trajectory], None] | None, samples: list[int]) -> None:
         self.r, self.engine, self.tok, self.tasks, self.cfg, self.on_done = runner, engine, tokenizer, tasks, cfg, on_done
+        self.samples = samples
         self.kinds = kinds or [runner.envs.kind_for(t) for t in tasks]
         self.pool = runner.pool
         self.im_end = tokenizer.token_id("<|im_end|>")
@@ -317,7 +327,7 @@ class _Run:
                 t0 = time.perf_counter()
                 try:
                     outs = self.engine.generate([ep.ids for ep in eps], self._params(budget),
-                                                [episode_seed(self.cfg.seed, ep.index, ep.rules.turns) for ep in eps])
+                                                [episode_seed(self.cfg.seed, ep.task.id, ep.sample, ep.rules.turns) for ep in eps])
                 except EngineError as e:
                     for ep in eps:
                         self._finish(ep, "infra", f"engine error: {e}")
@@ -347,7 +357,7 @@ class _Run:
                 self._finish(ep, "max_tokens")
                 return
             try:
-                fut = self.engine.submit(ep.ids, self._params(budget), episode_seed(self.cfg.seed, ep.index, ep.rules.turns),
+                fut = self.engine.submit(ep.ids, self._params(budget), episode_seed(self.cfg.seed, ep.task.id, ep.sample, ep.rules.turns),
                                          updates=False)  # only the result: no per-token stream
             except EngineError as e:
                 self._finish(ep, "infra", f"engine error: {e}")
@@ -402,7 +412,7 @@ class _Run:
         from mpa_jax import tokenizer as tk
 
         task = self.tasks[index]
-        ep = _Live(index=index, task=task, kind=kind, t0=time.perf_counter())
+        ep = _Live(index=index, task=task, kind=kind, sample=self.samples[index], t0=time.perf_counter())
         self.in_flight[kind] += 1
         try:
             ep.env = self.r.envs(kind)

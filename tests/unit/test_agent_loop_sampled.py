@@ -67,3 +67,27 @@ def test_without_the_vocabulary_rule_undecodable_ids_end_episodes_as_infra(setup
     summary = _check(trajs, tasks, cfg)
     assert summary["output_errors"].get("undecodable_token", 0) == summary["infra_failures"] > 0
     assert all("outside the tokenizer" in t.provenance["infra_reason"] for t in trajs if t.infra_failure)
+
+
+def test_sampled_tokens_are_keyed_by_the_task_not_its_place_in_the_list(setup):
+    """Issue 55 item 5: an episode's seed is keyed by (base, task id, sample), so the same task sampled hot under
+    one base gives the same tokens in any order or subset of a list; the second occurrence of a task in one list is
+    its sample 1 (a different seed, so different tokens)."""
+    tok, ckpt, tasks, longest = setup
+    engine = Engine.from_pretrained(ckpt, max_batch=16, vocab_limit=tok.vocab_size)
+    cfg = EpisodeConfig.defaults(max_turns=2, max_new_tokens=16, max_total_tokens=longest + 60, temperature=2.0, batch_size=10,
+                                 seed=5, max_output_errors=0, schedule="rounds")
+
+    def sampled(ts):
+        return {t.id + f"#{i}": [x for x, m in zip(tr.tokens, tr.loss_mask) if m]
+                for i, (t, tr) in enumerate(zip(ts, run_episodes(engine, tok, ts, lambda: make_env("sandbox"), cfg)))}
+
+    a, b, c = tasks[:3]
+    forward = sampled([a, b, c])
+    by_task = {k.split("#")[0]: v for k, v in forward.items()}
+    assert len({tuple(v) for v in by_task.values()}) == 3 and all(by_task.values())
+    backward = {k.split("#")[0]: v for k, v in sampled([c, b, a]).items()}
+    assert backward == by_task
+    assert {k.split("#")[0]: v for k, v in sampled([b]).items()} == {b.id: by_task[b.id]}
+    twice = list(sampled([c, c]).values())
+    assert twice[0] == by_task[c.id] and twice[1] != twice[0]

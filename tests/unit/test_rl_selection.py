@@ -70,10 +70,11 @@ class _Runner:
     when `outcome(task, i)` says so, i = its index within the call."""
 
     def __init__(self, outcome):
-        self.outcome, self.calls = outcome, []
+        self.outcome, self.calls, self.samples = outcome, [], []
 
-    def run(self, engine, tok, tasks, cfg, kinds=None):
+    def run(self, engine, tok, tasks, cfg, kinds=None, samples=None):
         self.calls.append([t.id for t in tasks])
+        self.samples.append(list(samples))
         return [_traj(t, self.outcome(t, i)) for i, t in enumerate(tasks)]
 
 
@@ -209,3 +210,32 @@ def test_fresh_worlds_are_persona_worlds_of_no_split():
         env.close()
     with pytest.raises(RLSetupError, match="config.rl.select_worlds"):
         _selector(_config(select_worlds=-2))
+
+
+def test_rl_samples_key_a_task_twice_drawn_apart_and_survive_a_retry():
+    """Issue 55 item 5: RL passes the runner each episode's sample index (its task's occurrence count over the step's
+    episodes), so a task drawn in two groups of one step gets distinct seeds, and an infra retry keeps the samples."""
+    import dataclasses
+
+    from mpa_jax.rl.rollouts import group_rollouts
+
+    cfg = _config()
+    a, b = load_tasks("train")[:2]
+    runner = _Runner(lambda t, i: True)
+    first = runner.run
+
+    def flaky(engine, tok, tasks, c, kinds=None, samples=None):
+        out = first(engine, tok, tasks, c, kinds, samples)
+        if len(runner.calls) == 1:  # the first attempt loses its second episode to infra
+            out[1] = dataclasses.replace(out[1], infra_failure=True)
+        return out
+
+    runner.run = flaky
+    rl = cfg.rl.copy_and_resolve_references()
+    rl.group_size, rl.infra_retries = 2, 1
+    ro = group_rollouts(runner, None, None, [("sandbox", a), ("sandbox", b), ("sandbox", a)], rl=rl, rollout=cfg.rollout,
+                        seed=int(cfg.seed), step=0)
+    assert runner.calls[0] == [a.id, a.id, b.id, b.id, a.id, a.id]
+    assert runner.samples[0] == [0, 1, 0, 1, 2, 3]
+    assert runner.calls[1] == [a.id] and runner.samples[1] == [1]  # the retried episode keeps its sample
+    assert len(ro.trajs) == 6 and sorted(ro.groups) == [0, 0, 1, 1, 2, 2]
