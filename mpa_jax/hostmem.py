@@ -23,7 +23,7 @@ _THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 _MARK = "MPA_HUGE_PAGES_REEXEC"
 
 
-def _thp_mode() -> str:
+def thp_mode() -> str:
     """The kernel's THP mode ("always", "madvise" or "never"); "" when unknown (not Linux)."""
     try:
         with open(_THP) as f:
@@ -34,16 +34,17 @@ def _thp_mode() -> str:
     return text[start + 1 : end] if 0 <= start < end else ""
 
 
-def huge_pages_env(env: dict[str, str] | None = None) -> dict[str, str] | None:
-    """`env` with the tunable added, or None when there is nothing to do (already set, turned off
-    with MPA_HUGE_PAGES=0, or a kernel without THP in madvise mode)."""
+def huge_pages_env(env: dict[str, str] | None = None, mode: str | None = None) -> dict[str, str] | None:
+    """`env` (default: this process's) with the tunable added, or None when there is nothing to do
+    (already set, turned off with MPA_HUGE_PAGES=0, or THP not in madvise mode). `mode` is the THP
+    mode to decide for (default: this kernel's, `thp_mode()`)."""
     env = dict(os.environ if env is None else env)
     tunables = env.get("GLIBC_TUNABLES", "")
     if (
         env.get("MPA_HUGE_PAGES", "1") == "0"
         or env.get(_MARK)  # already re-executed (whatever glibc did with the variable)
         or "glibc.malloc.hugetlb" in tunables
-        or _thp_mode() != "madvise"
+        or (thp_mode() if mode is None else mode) != "madvise"
     ):
         return None
     env["GLIBC_TUNABLES"] = f"{tunables}:{TUNABLE}" if tunables else TUNABLE

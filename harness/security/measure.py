@@ -116,9 +116,9 @@ def measure(tasks: list[Task], clean: list[Task], make_env: Callable[[], Any], p
     for c in configs:
         rows = {}
         for g in sorted(set(util[c]) | set(ua[c])):
-            rows[g] = _row(util[c][g], ua[c][g], asr[c][g], observable[g])
+            rows[g] = group_figures(util[c][g], ua[c][g], asr[c][g], observable[g])
         flat = [[x for g in sorted(set(util[c]) | set(ua[c])) for x in d[g]] for d in (util[c], ua[c], asr[c], observable)]
-        rows["all"] = _row(*flat)
+        rows["all"] = group_figures(*flat)
         out["/".join(c)] = rows
         a = rows["all"]
         print(f"  {c[0]:9s} {c[1]:12s} utility {a['utility']:.3f} (n={a['n_clean']})  under attack "
@@ -127,7 +127,7 @@ def measure(tasks: list[Task], clean: list[Task], make_env: Callable[[], Any], p
     return out
 
 
-def _row(util: list[bool], ua: list[bool], asr: list[bool], observable: list[bool]) -> dict[str, Any]:
+def group_figures(util: list[bool], ua: list[bool], asr: list[bool], observable: list[bool]) -> dict[str, Any]:
     """One group's figures: utility (clean tasks), utility under attack and ASR over all attacked tasks and over the
     observable ones (`observable[i]` goes with `ua[i]` and `asr[i]`)."""
     ua_o = [x for x, o in zip(ua, observable) if o]

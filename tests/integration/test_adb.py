@@ -14,7 +14,6 @@ from mpa_jax.envs.adb.device import DeviceShell
 from mpa_jax.envs.adb.emulator import EmulatedDevice
 from mpa_jax.envs.adb.env import AdbEnv, parse_rows, quote_argv
 from mpa_jax.envs.adb.server import AdbServer
-from mpa_jax.envs.adb.shell import run_line
 
 HOSTILE = [
     "; rm -rf /",
@@ -126,13 +125,13 @@ def test_nul_bytes_are_refused_before_the_device():
 def test_the_emulated_shell_would_run_unquoted_input():
     """The control: without quoting, the device shell really interprets the hostile text."""
     dev = DeviceShell()
-    run_line("echo " + "; rm -rf /", dev._exec)
+    dev.run("echo " + "; rm -rf /")
     assert ["rm", "-rf", "/"] in dev.executed
     dev.executed.clear()
-    run_line("echo $(reboot) `id`", dev._exec)
+    dev.run("echo $(reboot) `id`")
     assert ["reboot"] in dev.executed and ["id"] in dev.executed
     dev.executed.clear()
-    out, _ = run_line(quote_argv(["echo", "$(reboot) `id`; rm -rf /"]), dev._exec)
+    out, _ = dev.run(quote_argv(["echo", "$(reboot) `id`; rm -rf /"]))
     assert dev.executed == [["echo", "$(reboot) `id`; rm -rf /"]] and out == "$(reboot) `id`; rm -rf /\n"
 
 

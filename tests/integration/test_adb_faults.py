@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -126,7 +125,19 @@ def test_mpa_device_call_on_a_frozen_device_returns(adb_server, device, tmp_path
         device.thaw()
 
 
-ADB_FIRST_RETRY_S = 2.0  # the adb server retries a dropped TCP device once within ~0.6 s, then every ~10 s
+def _refuse_next_connection(port: int, timeout_s: float) -> None:
+    """Listen on the device's port until the adb server's next connection attempt arrives, then close it
+    unanswered: that attempt has happened, and failed, by the time this returns (a wait on the event, with
+    `timeout_s` as the hang guard, instead of a fixed sleep)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(1)
+        listener.settimeout(timeout_s)
+        conn, _ = listener.accept()  # socket.timeout (a test error) if the server never tries again
+        conn.close()
 
 
 def test_restarted_device_is_reconnected_at_once(adb_server):
@@ -134,9 +145,9 @@ def test_restarted_device_is_reconnected_at_once(adb_server):
     device drops (measured: ~0.6 s; that try fails while the device is down), then only every ~10 s, and
     `adb connect` answers "already connected" for the offline serial meanwhile: with 0.35 s of backoff in
     all, only disconnect + connect brings the restarted device back. The device runs in this process so
-    that it is back within milliseconds once the server's first retry has passed (the wait below is set-up,
-    not an assertion: were it too short, the old code would pass too, never the new one fail); stopping it
-    closes every socket it holds, which is what the adb server sees of a killed device process."""
+    that it is back within milliseconds once the server's own retry has been seen to fail (a listener on the
+    device's port takes that retry and closes it); stopping it closes every socket it holds, which is what
+    the adb server sees of a killed device process."""
     dev = EmulatedDevice().start()
     port = dev.port
     adb_server.connect(dev.serial)
@@ -148,7 +159,7 @@ def test_restarted_device_is_reconnected_at_once(adb_server):
         fb = env.step(Action.tool_call("search_contacts", {"query": "Alex"}))
         assert fb.error_code == ErrorCode.INFRA
         assert f"{dev.serial}\toffline" in adb_server.run("devices").stdout
-        time.sleep(ADB_FIRST_RETRY_S)
+        _refuse_next_connection(port, timeout_s=GUARD_S)  # the server's own retry came and failed
         dev = EmulatedDevice(port).start()  # the device is up again
         ep = run_oracle_episode(env, task, seed=0)
         assert ep.verification.success and env.reconnects == 1

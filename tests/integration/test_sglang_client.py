@@ -117,6 +117,8 @@ def test_retries_5xx_and_waits_for_flush():
         with lock:
             counts["generate"] += 1
             n = counts["generate"]
+        if body["input_ids"] == [4, 0, 4]:  # a request the server rejects: 4xx, never retried
+            return JSONResponse({"error": {"message": "input_ids: required"}}, status_code=400)
         if n <= 2:
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
         # The shape sglang-router accepts: one prompt, one sampling_params object.
@@ -136,24 +138,15 @@ def test_retries_5xx_and_waits_for_flush():
             return JSONResponse({"error": {"message": "Cache not flushed: pending requests"}}, status_code=400)
         return {"success": True}
 
-    @app.post("/bad")
-    async def bad():
-        return JSONResponse({"error": {"message": "input_ids: required"}}, status_code=400)
-
     with ServerThread(app) as server:
         client = SGLangEngine(server.url, max_retries=3, backoff_s=0.01)
         (r,) = client.generate([[1, 2, 3]], SamplingParams(max_new_tokens=4))
         assert r.token_ids == [7, 3] and counts["generate"] == 3
         client.update_weights("/tmp", "v9")  # the server is told the path; flush is retried while it answers 400
         assert counts["update"] == 1 and counts["flush"] == 3 and client.weight_version == "v9"
-        import asyncio
-
-        async def call_bad():
-            async with client._client() as c:
-                await client._request(c, "POST", server.url + "/bad", {})
-
         with pytest.raises(EngineError, match="HTTP 400: input_ids: required"):
-            asyncio.run(call_bad())  # 4xx: no retry
+            client.generate([[4, 0, 4]], SamplingParams(max_new_tokens=4))
+        assert counts["generate"] == 4  # 4xx: asked once, no retry
 
 
 def test_agent_loop_over_http_equals_in_process(setup):

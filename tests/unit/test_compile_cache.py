@@ -7,7 +7,8 @@ def test_one_cache_holds_sft_and_rl_builders_and_counts_hits():
     import mpa_jax.sft.trainer  # noqa: F401  (registers the SFT steps)
 
     names = set(compiled.info())
-    assert {"mpa_jax.sft.trainer._compiled_fns", "mpa_jax.rl.learner.compiled_update"} <= names
+    assert "mpa_jax.rl.learner.compiled_update" in names
+    assert any(n.startswith("mpa_jax.sft.trainer.") for n in names)  # the SFT steps' builder
 
     built = []
 

@@ -6,8 +6,7 @@ import importlib.util
 import json
 import os
 
-from mpa_jax.envs import load_tasks
-from mpa_jax.envs.benchmark import _used_tools
+from mpa_jax.envs import load_tasks, tools_used
 from mpa_jax.harness.normalise import normalise_arguments, schema_hint
 from mpa_jax.harness.retrieval import catalog_index, learn_companions, request_query
 
@@ -24,7 +23,7 @@ def test_catalog_retrieval_recall_on_dev():
     for t in tasks:
         got = index.search(request_query([*t.history, {"role": "user", "content": t.instruction}]), 8)
         assert len(got) == 8 == len(set(got))
-        gold = set(_used_tools(t.gold))
+        gold = tools_used([t])
         hit += len(gold & set(got))
         total += len(gold)
     assert hit / total >= 0.95, hit / total

@@ -188,7 +188,7 @@ def test_provider_with_a_persistent_store(tmp_path):
     p.close()
     again = MemoryProvider(path)
     again.context(task, "")  # the same task's history is not ingested twice
-    store = again._episodes[task.id].store
+    store = again.open(task).store
     assert store.count() == len(_COACH_HISTORY) and store.facts("gym")[0].value == "Harbor Fitness"
     again.close()
     with pytest.raises(ValueError, match="budget_tokens"):

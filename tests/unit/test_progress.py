@@ -30,7 +30,6 @@ class _Watched(io.StringIO):
 def test_plain_lines_come_first_after_first_s_then_every_every_s_with_rate_and_eta():
     out, clock = io.StringIO(), Clock()
     p = Progress("sft", total=100, every_s=10.0, first_s=2.0, stream=out, clock=clock)
-    assert not p._tty  # a StringIO is not a terminal
     clock.t += 1.0
     p.update(1, loss=5.0)  # 1 s in: before first_s, nothing yet
     assert out.getvalue() == ""
@@ -48,6 +47,7 @@ def test_plain_lines_come_first_after_first_s_then_every_every_s_with_rate_and_e
     assert out.getvalue().splitlines()[-1].startswith("sft: step 100/100 (100%)")
     p.close()  # nothing new to say
     assert len(out.getvalue().splitlines()) == 3
+    assert "\r" not in out.getvalue()  # a StringIO is not a terminal: plain lines, no redraws
 
 
 def test_slow_steps_show_seconds_per_step_and_close_prints_the_last_state():

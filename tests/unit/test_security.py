@@ -200,9 +200,9 @@ def test_unobservable_pairs_are_found_from_agentdojo_data(banking_pairs):
 
 def test_measure_reports_observable_pairs_separately():
     """Utility under attack and ASR over all pairs and over the observable ones, for any planner alike."""
-    from mpa_jax.harness.security.measure import _row
+    from mpa_jax.harness.security.measure import group_figures
 
-    r = _row([True, True], [False, True, True], [False, False, True], [False, True, True])
+    r = group_figures([True, True], [False, True, True], [False, False, True], [False, True, True])
     assert r["utility_under_attack"] == round(2 / 3, 4) and r["n_attacked"] == 3
     assert r["utility_under_attack_observable"] == 1.0 and r["n_observable"] == 2
     assert r["asr_observable"] == 0.5

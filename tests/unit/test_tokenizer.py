@@ -186,13 +186,12 @@ def test_cli_command_builds_a_loadable_tokenizer(tmp_path, capsys):
     assert rc == 2 and "vocab_size" in err[-1]
 
 
-def test_corpus_uses_envs_episodes_when_envs_provides_them():
-    import mpa_jax.envs as envs
-    from mpa_jax.tokenizer.corpus import _envs_corpus
+def test_corpus_uses_envs_episodes_then_the_synthetic_corpus():
+    from mpa_jax.tokenizer.corpus import project_corpus, synthetic_corpus
 
-    texts = list(_envs_corpus("train", 3))
-    if hasattr(envs, "load_tasks"):
-        assert len(texts) >= 3 and any("<|im_start|>assistant\n" in t for t in texts)
-    else:  # envs not built yet: the synthetic corpus alone
-        assert texts == []
-    assert list(_envs_corpus("train", 0)) == []
+    synthetic = synthetic_corpus(seed=0)
+    texts = project_corpus("train", 3, seed=0)
+    envs_texts = texts[: len(texts) - len(synthetic)]
+    assert texts[len(envs_texts):] == synthetic
+    assert len(envs_texts) >= 3 and any("<|im_start|>assistant\n" in t for t in envs_texts)
+    assert project_corpus("train", 0, seed=0) == synthetic  # no tasks: the synthetic corpus alone
