@@ -97,7 +97,9 @@ def worker(args: argparse.Namespace) -> dict:
 
     stride = max(len(dev) // args.episodes, 1)
     tasks = dev[::stride][: args.episodes]
-    cfg = EpisodeConfig.from_config(config.rollout, seed=0, greedy=True, batch_size=len(tasks), planner="bench",
+    # live episodes = slots, as `mpa eval` runs (rollout.batch_size is both): more live episodes than rows would
+    # evict an episode's row between its turns
+    cfg = EpisodeConfig.from_config(config.rollout, seed=0, greedy=True, batch_size=min(len(tasks), args.slots), planner="bench",
                                     schedule="continuous")
     out["eval"] = run(tasks, cfg, args.slots, rounds=False)
     print(f"eval done: {out['eval']}", file=sys.stderr, flush=True)
