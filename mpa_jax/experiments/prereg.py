@@ -42,10 +42,26 @@ ENGINE_KEYS = ("schedule", "sharded", "replicas", "batch_size", "prefill_step", 
                "compilation_cache")
 
 
+# Keys added to a hashed section after the registration, at the value that leaves the experiment as registered
+# (a new option that is off): they are left out of the hash at that value, so an added option is no change, while
+# turning it on is (the same rule as a task's new optional field: docs/preregistered.md).
+NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
+    ("envs", "agentdojo", "attack"): "",  # AgentDojo attacked pairs drawable by RL (issue 52), off
+    ("envs", "agentdojo", "injection_tasks"): 0,
+}
+
+
 def config_hash(config: Any) -> str:
-    """sha256 (16 hex) of the experiment-defining sections of the config (`HASHED_SECTIONS`, without `prereg.results`
-    and the rollout engine's implementation keys): records of one frozen experiment share it."""
+    """sha256 (16 hex) of the experiment-defining sections of the config (`HASHED_SECTIONS`, without `prereg.results`,
+    the rollout engine's implementation keys and `NEUTRAL_ADDITIONS` at their neutral value): records of one frozen
+    experiment share it."""
     d = json.loads(config.to_json_best_effort(sort_keys=True))
+    for path, neutral in NEUTRAL_ADDITIONS.items():
+        parent = d
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and path[-1] in parent and parent[path[-1]] == neutral:
+            del parent[path[-1]]
     kept = {k: d[k] for k in HASHED_SECTIONS if k in d}
     kept["prereg"] = {k: v for k, v in kept.get("prereg", {}).items() if k != "results"}
     kept["rollout"] = {k: v for k, v in kept.get("rollout", {}).items() if k not in ENGINE_KEYS}

@@ -169,3 +169,18 @@ def test_prereg_arm_runs_rl_evaluates_records_and_is_skipped_after(coevo):
     table = (tmp / "prereg" / "table.md").read_text()
     assert "| care-s0 | starter | care | 0 | 1 |" in table and "| start | starter | none | - | 0 |" in table
     assert prereg.run_arms(c, str(tmp / "pwork"), progress=False, log=lambda *_: None) == []
+
+
+def test_an_option_added_after_registration_changes_the_hash_only_when_turned_on():
+    """A key of `prereg.NEUTRAL_ADDITIONS` at its neutral value is no change to the frozen experiment; any other
+    value of it is."""
+    from mpa_jax.config import load_config_file
+    from mpa_jax.experiments import prereg
+
+    cfg = load_config_file(os.path.join(ROOT, "configs", "prereg_rl.py"))
+    base = prereg.config_hash(cfg)
+    cfg.envs.agentdojo.attack = "important_instructions"
+    assert prereg.config_hash(cfg) != base
+    cfg.envs.agentdojo.attack = ""
+    cfg.envs.agentdojo.injection_tasks = 3
+    assert prereg.config_hash(cfg) != base
