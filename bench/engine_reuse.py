@@ -11,6 +11,8 @@ unpacked under /tmp, so nothing in the repository changes), on the same tasks, s
   schedule (each episode's next turn submitted when its feedback is ready: `Engine.submit`);
 - RL step's groups: `--group` samples of each of `--tasks` dev tasks at temperature 1, rounds schedule (as
   `mpa rl` collects them: every batch on an idle engine);
+- the injection defense (`security`) is off unless `--security on`: a base tree from before it plays the
+  episodes without it, and equal episodes are what make the two engines' rates comparable;
 - program mix: a small random model (2 layers, width 32), `--mix` prompts of 1..`--mix-max` tokens (4 new
   tokens each) through `generate` in batches of 8: the compiled programs it needs.
 
@@ -51,6 +53,8 @@ def worker(args: argparse.Namespace) -> dict:
 
     tree = os.path.dirname(os.path.dirname(os.path.abspath(mpa_jax.__file__)))
     config = with_starter(load_config_file(os.path.join(tree, "configs", "tiny.py")), load_starter(args.starter))
+    if "security" in config:  # a tree from before the injection defense has no such section: it runs without one
+        config.security.enabled = args.security == "on"
     tok = tk.load_tokenizer(args.starter)
     dev = load_tasks("dev")
     runner = EpisodeRunner.from_config(config, harness=False)
@@ -135,6 +139,9 @@ def main() -> int:
     ap.add_argument("--mix", type=int, default=200)
     ap.add_argument("--mix-max", type=int, default=4000)
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--security", choices=("off", "on"), default="off",
+                    help="the injection defense in the episodes (off: both trees play the same episodes; a base from before "
+                         "the defense has none)")
     ap.add_argument("--base-ref", default="", help="git ref of today's engine (default: where this branch left main)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

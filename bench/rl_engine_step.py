@@ -10,7 +10,10 @@ device, the engine's weight replicas over the host's cores) for `--steps` steps,
   prefill + one jitted decode loop per call), i.e. RL rollouts as they ran before the one engine;
 - `slots`: the engine as `run_rl` uses it now (rounds of `generate` over the decode slots, `as_rounds`).
 
-Both runs draw the same tasks with the same seeds. Per mode, the mean over steps 2..N (step 1 compiles)
+Both runs draw the same tasks with the same seeds; the injection defense is off unless `--security on`. On a
+tree whose engine no longer has the whole-batch program (`generate_batch` runs the slots with the prefix cache
+off), run `--modes batch` in an older tree (before issue 49) and `--modes slots` here, and compare per token
+too (the two trees' seeds may draw other episodes). Per mode, the mean over steps 2..N (step 1 compiles)
 of the step's rollout, update and sync seconds and their sum, and the training success of every step
 (equal between modes up to float rounding of the sampled log-probs). Prints `BENCH_ROW` lines.
 """
@@ -35,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--modes", nargs="+", choices=["batch", "slots"], default=["batch", "slots"])
+    ap.add_argument("--security", choices=("off", "on"), default="off",
+                    help="the injection defense in the episodes (off: as a tree from before the defense runs them)")
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error("--steps must be >= 2 (step 1 compiles and is not counted)")
@@ -50,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     config.rl.steps, config.rl.tasks_per_step, config.rl.group_size = args.steps, args.tasks, args.group
     config.rl.save_rollouts = False
     config.mesh.data = 1
+    if "security" in config:
+        config.security.enabled = args.security == "on"
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; starter planner, {args.steps} RL steps of "
           f"{args.tasks} x {args.group} sandbox episodes, temperature {config.rl.temperature}", flush=True)
 
@@ -70,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         r["step"] = r["rollout"] + r["train"] + r["sync"]
         r["first_step"] = sum(float(res.history[0][f"time/{k}_s"]) for k in ("rollout", "train", "sync"))
         results[mode] = r
-        print(f"{mode:>6}: step {r['step']:.1f} s (rollout {r['rollout']:.1f}, update {r['train']:.1f}, sync {r['sync']:.2f}; "
+        r["output_tokens"] = mean("rl/output_tokens")
+        print(f"{mode:>6}: output tokens per episode {r['output_tokens']:.1f}; step {r['step']:.1f} s (rollout {r['rollout']:.1f}, update {r['train']:.1f}, sync {r['sync']:.2f}; "
               f"first step incl. compile {r['first_step']:.1f} s); training success per step "
               + " ".join(f"{float(h['rl/success']):.3f}" for h in res.history), flush=True)
     if "batch" in results and "slots" in results:

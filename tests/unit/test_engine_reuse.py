@@ -108,3 +108,41 @@ def test_reuse_off_computes_every_prompt_token():
     out = engine.generate([prompt] * 3, SamplingParams(max_new_tokens=4, temperature=0.0))
     assert [r.cached_tokens for r in out] == [0, 0, 0] and engine.stats()["prefill_tokens"] == 3 * len(prompt)
     engine.close()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_a_decode_chunk_computes_the_live_rows_only_and_leaves_the_others(name):
+    """Issue 49: a chunk gathers the live rows of a replica into the smallest width that holds them
+    (1, a quarter of the rows, all): two live rows out of eight give the tokens and log-probs they get when
+    every row runs, and the idle rows' caches and states come back bit for bit."""
+    from mpa_jax.rollout.engine.decoder import SlotDecoder
+
+    cfg = FAMILIES[name]
+    params = jax.tree.map(lambda x: 3.0 * x, models.init_params(cfg, jax.random.key(1)))
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in (5, 9, 3, 12, 7, 4, 10, 6)]
+    outs, states = [], []
+    for live_rows in ([3, 6], list(range(8))):
+        dec = SlotDecoder(cfg, slots=8, max_len=64, chunk=4, chunk_tokens=16, max_prefill=4)
+        dec.set_weights(params, "v0")
+        for lo in (0, 4):
+            dec.admit([(s, s, 0, False, prompts[s], 0) for s in range(lo, lo + 4)])
+        before = jax.device_get(dec.state)
+        pos = np.array([len(p) for p in prompts], np.int32)
+        live = np.zeros(8, bool)
+        live[live_rows] = True
+        out = dec.decode(pos, np.zeros(8, np.int32), live, np.arange(8, dtype=np.uint32), np.full(8, 1.0, np.float32),
+                         np.full(8, -1, np.int32), np.ones(8, np.float32), np.full(8, 8, np.int32), np.full((8, 4), -1, np.int32),
+                         greedy=False, filtered=False, n_top=0, steps=4, span=32)
+        outs.append(out)
+        states.append((before, jax.device_get(dec.state)))
+        # rows computed: a quarter of the eight for two live rows, all eight when all run
+        assert {key[5] for key in dec.programs if key[0] == "chunk"} == {2 if len(live_rows) == 2 else 8}
+    (toks, lps, emitted, *_), (all_toks, all_lps, *_) = outs
+    assert emitted[[3, 6], :4].all() and not emitted[[0, 1, 2, 4, 5, 7]].any()
+    np.testing.assert_array_equal(toks[[3, 6]], all_toks[[3, 6]])
+    np.testing.assert_allclose(lps[[3, 6]], all_lps[[3, 6]], atol=1e-5)
+    before, after = states[0]
+    idle = [0, 1, 2, 4, 5, 7]
+    for b, a in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(np.asarray(b)[:, idle], np.asarray(a)[:, idle])

@@ -6,10 +6,11 @@ chunk's padding. The host (`scheduler.SlotLoop`) decides what goes where; this c
 arrays into the programs' fixed shapes:
 
 - `admit(rows)`: per row a placement (a prefix copied from another row of the same replica, cut, emptied)
-  and up to `chunk_tokens` new tokens, `max_prefill` rows per replica a call (one program);
-- `decode(...)`: one chunk of up to `long_chunk` steps over each replica's first slot (a lone request) or
-  all its slots, attending over `span` columns (a power of two from `min_span`, 256): programs per sampling
-  path = 2 widths x the spans the rows reach, whatever the mix of prompt lengths below them.
+  and up to `chunk_tokens` new tokens, 2 or `max_prefill` rows per replica a call;
+- `decode(...)`: one chunk of up to `long_chunk` steps over the live rows of each replica, gathered into
+  one of three widths (1, a quarter of the rows, all of them: idle rows are not computed), attending over
+  `span` columns (a power of two from `min_span`, 256): programs per sampling path = 3 widths x the spans
+  the rows reach, whatever the mix of prompt lengths below them.
 """
 from __future__ import annotations
 
@@ -62,7 +63,10 @@ class SlotDecoder:
         self.cols = self.max_len + self.chunk_tokens  # a last prefill chunk's padding never wraps
         self.min_span = int(min_span)
         self.max_prefill = min(bucket(max_prefill), self.per_replica)  # rows per replica of a full admission call
+        self.few_prefill = min(2, self.max_prefill)  # rows per replica of a short one
         self.small_chunk = min(64, self.chunk_tokens)  # new tokens per row of a short admission (a turn's continuation)
+        # Decode chunk widths (rows computed per replica): a lone row, a quarter of the rows, all of them.
+        self.widths = sorted({1, max(self.per_replica // 4, 1), self.per_replica})
         self.vocab_limit = int(vocab_limit) if vocab_limit is not None else int(cfg.vocab_size)
         self.cache_dtype = cache_dtype
         from jax.sharding import NamedSharding, PartitionSpec
@@ -120,10 +124,11 @@ class SlotDecoder:
         of a call read the state before it."""
         r = self.replicas
         # The call's shape fits what is waiting (a lone turn continuation is one short row, not a full
-        # block of padding): rows per replica 1 or `max_prefill`, new tokens per row `small_chunk` or
-        # `chunk_tokens`, columns the span its rows reach. Programs: 2 x 2 x the spans used.
+        # block of padding): rows per replica 2 or `max_prefill`, new tokens per row `small_chunk` or
+        # `chunk_tokens`, columns the span its rows reach. Programs: 2 x 2 x the spans used. Never one row:
+        # XLA:CPU compiles a one-row placement into a copy of the whole slot state (7x the time of two rows).
         most = max(np.bincount([row[1] % r for row in rows], minlength=r))
-        nb = 1 if most <= 1 else self.max_prefill
+        nb = self.few_prefill if most <= self.few_prefill else self.max_prefill
         longest = max(len(row[4]) for row in rows)
         c = self.small_chunk if longest <= self.small_chunk else self.chunk_tokens
         span = self.span(max(row[5] + c for row in rows))
@@ -158,15 +163,25 @@ class SlotDecoder:
         in slot order (tokens [S, long_chunk], log-probs, emitted, live [S], stopped [S], top ids, top
         log-probs)."""
         r, per = self.replicas, self.per_replica
-        # Rows computed per replica: the first slot alone when it is all that runs (a lone request), else all.
-        width = 1 if not live.any() or int(np.flatnonzero(live).max()) < r else per
+        # Rows computed per replica: the live ones, gathered into the smallest of `widths` that holds them
+        # (idle rows cost no compute; a chunk's programs: one per width and span).
+        live_at = live.reshape(per, r).T  # [R, per]: slot s is replica s % R's row s // R
+        most = int(live_at.sum(axis=1).max())
+        width = next(w for w in self.widths if w >= most)
+        sel = np.zeros((r, width), np.int32)
+        for k in range(r):
+            rows = np.flatnonzero(live_at[k])
+            # filler: distinct idle rows (not live: computed but left as they were)
+            sel[k] = np.concatenate([rows, np.flatnonzero(~live_at[k])[: width - len(rows)]]) if width < per else np.arange(per)
 
         def to_dev(a: np.ndarray) -> np.ndarray:  # [S, ...] slot order -> [R, width, ...]
-            return np.swapaxes(a.reshape((per, r) + a.shape[1:]), 0, 1)[:, :width]
+            per_rep = np.swapaxes(a.reshape((per, r) + a.shape[1:]), 0, 1)
+            return np.take_along_axis(per_rep, sel.reshape(sel.shape + (1,) * (a.ndim - 1)), axis=1)
 
         def to_host(a: np.ndarray) -> np.ndarray:  # [R, width, ...] -> [S, ...] slot order, zero-filled
             full = np.zeros((r, per) + a.shape[2:], a.dtype)
-            full[:, :width] = a
+            for k in range(r):
+                full[k, sel[k]] = a[k]
             return np.swapaxes(full, 0, 1).reshape((self.slots,) + a.shape[2:])
 
         steps = self.chunk if steps is None else int(steps)
@@ -181,7 +196,7 @@ class SlotDecoder:
         ints = np.concatenate([np.stack([pos, t, live, seeds.view(np.int32), top_k, max_new, n_run], axis=1).astype(np.int32),
                                stops.astype(np.int32)], axis=1)
         floats = np.stack([temperature, top_p], axis=1).astype(np.float32)
-        self.state, self.logits, *outs = program(self._dparams, self.state, self.logits, self._put(to_dev(ints)),
-                                                 self._put(to_dev(floats)))
+        self.state, self.logits, *outs = program(self._dparams, self.state, self.logits, self._put(sel),
+                                                 self._put(to_dev(ints)), self._put(to_dev(floats)))
         self.steps += 1
         return tuple(to_host(np.asarray(x)) for x in jax.device_get(outs))

@@ -9,9 +9,9 @@ outputs). They are cached per static shape, so engines of the same architecture 
   prefix; cut back; emptied: `models.place_slots`, with the next-token logits when asked), then continued
   by one fixed-size chunk of new tokens after what it holds (`models.extend_slots`): a prompt, or the part
   of one the row does not hold yet.
-- `chunk_program(...)`: up to `steps` decode steps (a traced count) over the first `width` slots of each
-  replica, attending over the first `span` columns (gathered once per chunk and written back): each
-  slot with its own sampling knobs, seed, step counter, stop ids and token budget. `step` is the one
+- `chunk_program(...)`: up to `steps` decode steps (a traced count) over `width` chosen slots of each
+  replica (the rows that run; idle rows are not computed), attending over the first `span` columns
+  (gathered once per chunk and written back): each slot with its own sampling knobs, seed, step counter, stop ids and token budget. `step` is the one
   step body (sample, stop, write the token) that every generation path runs.
 """
 from __future__ import annotations
@@ -99,8 +99,9 @@ def step(cfg: models.ModelConfig, vocab_limit: int, greedy: bool, filtered: bool
 
 def _window(cfg: models.ModelConfig, width: int, span: int):
     """(take, put) between a replica's slot state [R, per, ..., cols] and a chunk's working state
-    [R * width, ..., span]: the first `width` slots and `span` columns (rows hold their tokens from
-    column 0). `put` writes the window back in place."""
+    [R * width, ..., span]: the slots `sel` [R, width] of each replica (all of them in order when `width`
+    is every slot) and their first `span` columns (rows hold their tokens from column 0). `put` writes
+    the window back in place."""
     axes = {"layers": models.slot_cache_axes(cfg), "kv_mask": 1}
 
     def each(fn: Callable, tree: dict[str, Any], *more: dict[str, Any]) -> dict[str, Any]:
@@ -108,22 +109,26 @@ def _window(cfg: models.ModelConfig, width: int, span: int):
                                for leaf, a in leaves.items()} for n, leaves in axes["layers"].items()},
                 "kv_mask": fn(tree["kv_mask"], *(m["kv_mask"] for m in more), 1)}
 
-    def take(full: dict[str, Any]) -> dict[str, Any]:
+    def take(full: dict[str, Any], sel: jax.Array) -> dict[str, Any]:
         def one(x: jax.Array, axis: int | None) -> jax.Array:
-            r = x.shape[0]
-            x = x[:, :width]
+            r, per = x.shape[:2]
             if axis is not None and span < x.shape[axis + 1]:
                 x = jax.lax.slice_in_dim(x, 0, span, axis=axis + 1)
+            if width < per:  # a gather of the chunk's rows: idle rows cost nothing
+                x = jax.vmap(lambda rows, i: jnp.take(rows, i, axis=0))(x, sel)
             return x.reshape((r * width,) + x.shape[2:])
 
         return each(one, full)
 
-    def put(full: dict[str, Any], work: dict[str, Any]) -> dict[str, Any]:
+    def put(full: dict[str, Any], work: dict[str, Any], sel: jax.Array) -> dict[str, Any]:
         def one(big: jax.Array, new: jax.Array, axis: int | None) -> jax.Array:
             new = new.reshape((big.shape[0], width) + new.shape[1:]).astype(big.dtype)
             if new.shape == big.shape:
                 return new
-            return jax.lax.dynamic_update_slice(big, new, (0,) * big.ndim)
+            if width == big.shape[1]:
+                return jax.lax.dynamic_update_slice(big, new, (0,) * big.ndim)
+            cut = (slice(None),) * (axis - 1) + (slice(0, new.shape[axis + 1]),) if axis is not None else ()
+            return jax.vmap(lambda rows, i, n: rows.at[(i,) + cut].set(n))(big, sel, new)
 
         return each(one, full, work)
 
@@ -133,15 +138,16 @@ def _window(cfg: models.ModelConfig, width: int, span: int):
 @functools.lru_cache(maxsize=None)
 def chunk_program(cfg: models.ModelConfig, vocab_limit: int, steps: int, greedy: bool, filtered: bool, n_top: int,
                   width: int, span: int, mesh: Any, out: Any):
-    """Up to `steps` decode steps (the count run is an input: a short chunk reuses the long one's program)."""
+    """Up to `steps` decode steps (the count run is an input: a short chunk reuses the long one's program)
+    over the `width` slots `sel` [R, width] of each replica (ints and floats come in that order)."""
     take, put = _window(cfg, width, span)
 
-    def run(params, full_state, full_logits, ints, floats):
+    def run(params, full_state, full_logits, sel, ints, floats):
         # [R, width, ...] -> [R * width, ...]: the slots of this chunk as one batch (R = 1 per replica).
         r, per = full_logits.shape[:2]
         flat = lambda x: x.reshape((r * width,) + x.shape[2:])  # noqa: E731
-        state = take(full_state)
-        logits = flat(full_logits if width == per else full_logits[:, :width])
+        state = take(full_state, sel)
+        logits = flat(full_logits if width == per else jax.vmap(lambda rows, i: rows[i])(full_logits, sel))
         ints, floats = flat(ints), flat(floats)
         pos, t, live, top_k, max_new, n_run = ints[:, 0], ints[:, 1], ints[:, 2] != 0, ints[:, 4], ints[:, 5], ints[0, 6]
         seeds, stops = jax.lax.bitcast_convert_type(ints[:, 3], jnp.uint32), ints[:, 7:]
@@ -165,8 +171,8 @@ def chunk_program(cfg: models.ModelConfig, vocab_limit: int, steps: int, greedy:
         carry = (state, logits, pos, t, live, jnp.zeros((s,), bool))
         _, carry, outs = jax.lax.while_loop(lambda c: c[0] < n_steps, body, (jnp.int32(0), carry, outs))
         unflat = lambda x: x.reshape((r, width) + x.shape[1:])  # noqa: E731
-        state = put(full_state, carry[0])
-        logits = unflat(carry[1]) if width == per else jax.lax.dynamic_update_slice(full_logits, unflat(carry[1]), (0, 0, 0))
+        state = put(full_state, carry[0], sel)
+        logits = unflat(carry[1]) if width == per else jax.vmap(lambda rows, i, n: rows.at[i].set(n))(full_logits, sel, unflat(carry[1]))
         return (state, logits, *(unflat(x) for x in (outs[0], outs[1], outs[2], carry[4], carry[5], *outs[3:])))
 
-    return _per_replica(run, mesh, 5, out, (1, 2))
+    return _per_replica(run, mesh, 6, out, (1, 2))
