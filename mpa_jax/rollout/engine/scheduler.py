@@ -397,30 +397,31 @@ class SlotLoop:
 
     def _execute(self, plan: list[_Admission]) -> None:
         dec = self.dec
-        # Chunk size per row: what is left of a short prompt (a turn's continuation: a tool result and the
-        # template) goes in pieces of the short admission's chunk, a long one in full chunks (a call of
-        # full chunks for a 100-token rest computes 2.5x the columns of two short calls).
-        size = {id(a): dec.small_chunk if len(a.req.prompt) - a.keep <= 5 * dec.small_chunk // 2 else dec.chunk_tokens
-                for a in plan}
-        # First calls: each row's placement with the first chunk of the rest of its prompt. Copies go first,
-        # so that no row is continued before every copy of it in this round has read it; short rows
-        # together, so that their calls are short ones.
-        first = sorted(plan, key=lambda a: (a.src == a.dst, size[id(a)]))
-        rows = [(a.src, a.dst, a.keep, a.keep == len(a.req.prompt), a.req.prompt[a.keep:a.keep + size[id(a)]], a.keep)
+
+        def piece(a: _Admission, at: int) -> int:
+            # Full chunks while much is left, then short ones: a 100-token rest (a turn's tool result and
+            # template) in a full chunk would compute 2.5x the columns of two short calls.
+            return dec.chunk_tokens if len(a.req.prompt) - at > 5 * dec.small_chunk // 2 else dec.small_chunk
+
+        # First calls: each row's placement with the first piece of the rest of its prompt. Copies go first,
+        # so that no row is continued before every copy of it in this round has read it. Calls never mix
+        # full and short pieces (a call is as long as its longest row).
+        first = sorted(plan, key=lambda a: (a.src == a.dst, piece(a, a.keep)))
+        rows = [(a.src, a.dst, a.keep, a.keep == len(a.req.prompt), a.req.prompt[a.keep:a.keep + piece(a, a.keep)], a.keep)
                 for a in first]
-        k = 1
+        at = {id(a): a.keep + len(row[4]) for a, row in zip(first, rows)}
         while rows:
-            for group in _split(rows, lambda row: row[1] % dec.replicas, dec.max_prefill):
+            for group in _split(rows, lambda row: (row[1] % dec.replicas, len(row[4]) > dec.small_chunk), dec.max_prefill):
                 before = dec.columns
                 dec.admit(group)
                 self.prefill_columns += dec.columns - before
-            # Later calls: the next chunk of each longer prompt, its row left as it is.
+            # Later calls: the next piece of each longer prompt, its row left as it is.
             rows = []
-            for a in sorted(plan, key=lambda a: size[id(a)]):
-                c, at = size[id(a)], a.keep + k * size[id(a)]
-                if len(a.req.prompt) > at:
-                    rows.append((a.dst, a.dst, at, False, a.req.prompt[at:at + c], at))
-            k += 1
+            for a in sorted(plan, key=lambda a: piece(a, at[id(a)])):
+                k = at[id(a)]
+                if len(a.req.prompt) > k:
+                    rows.append((a.dst, a.dst, k, False, a.req.prompt[k:k + piece(a, k)], k))
+                    at[id(a)] = k + len(rows[-1][4])
         for a in plan:
             req = a.req
             req.cached = a.keep
@@ -550,28 +551,24 @@ def _axes(cfg: Any) -> dict[str, Any]:
     return models.slot_cache_axes(cfg)
 
 
-def _split(items: list, replica_of: Callable[[Any], int], per_call: int) -> list[list]:
-    """`items` in calls of at most `per_call` per replica, in order."""
+def _split(items: list, key: Callable[[Any], tuple[int, bool]], per_call: int) -> list[list]:
+    """`items` in calls of at most `per_call` per replica, in order; `key(item)` = (its replica, its
+    class): a new call starts where the class changes."""
     calls: list[list] = []
     counts: dict[int, int] = {}
     current: list = []
+    kind = None
     for it in items:
-        k = replica_of(it)
-        if counts.get(k, 0) == per_call:
+        k, c = key(it)
+        if current and (counts.get(k, 0) == per_call or c != kind):
             calls.append(current)
             current, counts = [], {}
         current.append(it)
         counts[k] = counts.get(k, 0) + 1
+        kind = c
     if current:
         calls.append(current)
     return calls
-
-
-def _per_replica_counts(rows: list, replicas: int) -> list[int]:
-    counts = [0] * replicas
-    for row in rows:
-        counts[row[0] % replicas] += 1
-    return counts
 
 
 def _engine_error(e: BaseException) -> EngineError:
