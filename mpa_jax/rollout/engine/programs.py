@@ -11,8 +11,9 @@ outputs). They are cached per static shape, so engines of the same architecture 
   of one the row does not hold yet.
 - `chunk_program(...)`: up to `steps` decode steps (a traced count) over `width` chosen slots of each
   replica (the rows that run; idle rows are not computed), attending over the first `span` columns
-  (gathered once per chunk and written back): each slot with its own sampling knobs, seed, step counter, stop ids and token budget. `step` is the one
-  step body (sample, stop, write the token) that every generation path runs.
+  (gathered once per chunk and written back): each slot with its own sampling knobs, seed, step counter,
+  stop ids and token budget. `step` is the one step body (sample, stop, write the token) that every
+  generation path runs.
 """
 from __future__ import annotations
 
