@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         r["first_step"] = sum(float(res.history[0][f"time/{k}_s"]) for k in ("rollout", "train", "sync"))
         results[mode] = r
         r["output_tokens"] = mean("rl/output_tokens")
-        print(f"{mode:>6}: output tokens per episode {r['output_tokens']:.1f}; step {r['step']:.1f} s (rollout {r['rollout']:.1f}, update {r['train']:.1f}, sync {r['sync']:.2f}; "
+        print(f"{mode:>6}: output tokens per episode {r['output_tokens']:.1f}; step {r['step']:.1f} s "
+              f"(rollout {r['rollout']:.1f}, update {r['train']:.1f}, sync {r['sync']:.2f}; "
               f"first step incl. compile {r['first_step']:.1f} s); training success per step "
               + " ".join(f"{float(h['rl/success']):.3f}" for h in res.history), flush=True)
     if "batch" in results and "slots" in results:

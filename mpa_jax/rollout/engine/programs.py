@@ -173,7 +173,9 @@ def chunk_program(cfg: models.ModelConfig, vocab_limit: int, steps: int, greedy:
         _, carry, outs = jax.lax.while_loop(lambda c: c[0] < n_steps, body, (jnp.int32(0), carry, outs))
         unflat = lambda x: x.reshape((r, width) + x.shape[1:])  # noqa: E731
         state = put(full_state, carry[0], sel)
-        logits = unflat(carry[1]) if width == per else jax.vmap(lambda rows, i, n: rows.at[i].set(n))(full_logits, sel, unflat(carry[1]))
+        logits = unflat(carry[1])
+        if width < per:
+            logits = jax.vmap(lambda rows, i, n: rows.at[i].set(n))(full_logits, sel, logits)
         return (state, logits, *(unflat(x) for x in (outs[0], outs[1], outs[2], carry[4], carry[5], *outs[3:])))
 
     return _per_replica(run, mesh, 6, out, (1, 2))
