@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--modes", nargs="+", choices=["batch", "slots"], default=["batch", "slots"])
+    ap.add_argument("--batch-size", type=int, default=0, help="rollout.batch_size: live episodes (and slots); 0: the config's")
+    ap.add_argument("--model-dtype", default="", help="model.compute_dtype: the learner's and the engine's ('': the config's)")
+    ap.add_argument("--engine-dtype", default="", help="rollout.compute_dtype: the engine's compute dtype ('': the model's)")
     ap.add_argument("--security", choices=("off", "on"), default="off",
                     help="the injection defense in the episodes (off: as a tree from before the defense runs them)")
     args = ap.parse_args(argv)
@@ -57,8 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     config.mesh.data = 1
     if "security" in config:
         config.security.enabled = args.security == "on"
+    if args.batch_size:
+        config.rollout.batch_size = args.batch_size
+    if args.model_dtype:
+        config.model.compute_dtype = args.model_dtype
+    if args.engine_dtype:
+        config.rollout.compute_dtype = args.engine_dtype
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; starter planner, {args.steps} RL steps of "
-          f"{args.tasks} x {args.group} sandbox episodes, temperature {config.rl.temperature}", flush=True)
+          f"{args.tasks} x {args.group} sandbox episodes, temperature {config.rl.temperature}, "
+          f"{config.rollout.batch_size} live episodes, engine computes in "
+          f"{args.engine_dtype or config.model.compute_dtype}", flush=True)
 
     slots_rows = Engine.generate_rows
     results: dict[str, dict[str, float]] = {}

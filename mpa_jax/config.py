@@ -78,7 +78,7 @@ def load_config(path: str, overrides: Sequence[tuple[str, str]] = ()) -> ml_coll
 
 
 # The values a knob may take, checked once when a config is loaded (not again by each stage that reads it).
-CHOICES = {"serve.batcher": ("auto", "slots", "call")}
+CHOICES = {"serve.batcher": ("auto", "slots", "call"), "rollout.compute_dtype": ("", "float32", "bfloat16")}
 # Knobs whose code is gone but whose registered value a pre-registered config's hash covers (docs/preregistered.md):
 # configs/rl_lift.py keeps them at these values and nothing reads them, so any other value is refused rather than
 # silently ignored. The focus pool (`rl.select_pool*`, one experiment's lever that did not help) went in issue 55.
@@ -92,7 +92,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("the config has no `name` (set c.name; the run directory defaults to runs/<name>)")
     for key, allowed in CHOICES.items():
         section, leaf = key.split(".")
-        if section in config and config[section][leaf] not in allowed:
+        if section in config and leaf in config[section] and config[section][leaf] not in allowed:
             raise ConfigError(f"config.{key} must be one of {', '.join(map(str, allowed))}, got {config[section][leaf]!r}")
     for key, value in RETIRED.items():
         section, leaf = key.split(".")

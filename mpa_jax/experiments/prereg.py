@@ -48,6 +48,7 @@ ENGINE_KEYS = ("schedule", "sharded", "replicas", "batch_size", "prefill_step", 
 NEUTRAL_ADDITIONS: dict[tuple[str, ...], Any] = {
     ("envs", "agentdojo", "attack"): "",  # AgentDojo attacked pairs drawable by RL (issue 52), off
     ("envs", "agentdojo", "injection_tasks"): 0,
+    ("rollout", "compute_dtype"): "",  # the engine's own compute dtype (2026-12-08); "" = the model's, as registered
 }
 
 

@@ -113,14 +113,17 @@ def make_engine(
     kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh),
               vocab_limit=None if vocab_limit is None else int(vocab_limit), slot_len=int(config.rollout.max_total_tokens),
               prefill_chunk=int(config.rollout.prefill_chunk), prefix_cache=bool(config.rollout.prefix_cache))
+    compute = str(config.rollout.get("compute_dtype", "") or "")  # "": the model's
     if checkpoint is not None:
         try:
-            return Engine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), **kw)
+            return Engine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), compute_dtype=compute or None, **kw)
         except EngineError as e:
             raise RolloutSetupError(f"checkpoint {checkpoint}: {e}") from None
         except ValueError as e:  # hf_io.CheckpointError and config errors name the file or tensor
             raise RolloutSetupError(f"cannot load checkpoint {checkpoint}: {e}") from None
     cfg = model_cfg if model_cfg is not None else models.config_from_ml(config.model)
+    if compute:
+        cfg = cfg.replace(compute_dtype=compute)
     try:
         check_vocab_limit(kw["vocab_limit"], cfg.vocab_size)
     except EngineError as e:

@@ -184,3 +184,7 @@ def test_an_option_added_after_registration_changes_the_hash_only_when_turned_on
     cfg.envs.agentdojo.attack = ""
     cfg.envs.agentdojo.injection_tasks = 3
     assert prereg.config_hash(cfg) != base
+    cfg.envs.agentdojo.injection_tasks = 0
+    assert prereg.config_hash(cfg) == base
+    cfg.rollout.compute_dtype = "float32"  # the engine's own compute dtype: not the registered experiment's
+    assert prereg.config_hash(cfg) != base

@@ -126,3 +126,35 @@ def test_make_engine_takes_the_tokenizer_size_and_refuses_a_larger_tokenizer(ckp
         make_engine(config, ckpt, tokenizer=Tok(600))
     with pytest.raises(RolloutSetupError, match="5000 ids .* only 4096 rows"):
         make_engine(config, None, tokenizer=Tok(5000))
+
+
+def test_rollout_compute_dtype_sets_the_engines_own_and_is_validated(ckpt):
+    """`rollout.compute_dtype`: "" keeps the model's compute dtype, a dtype overrides the engine's alone (the
+    learner's config is not touched); an unknown value is refused when the config is loaded, naming the key."""
+    import os
+
+    from mpa_jax.config import ConfigError, load_config_file, validate
+    from mpa_jax.rollout.engines import make_engine
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    config = load_config_file(os.path.join(root, "configs", "tiny.py"))
+    config.rollout.batch_size = 2
+    config.rollout.max_total_tokens = 64
+    model = models.from_pretrained(ckpt, dtype="float32")
+    learner_cfg = model.cfg.replace(compute_dtype="bfloat16")
+    outs = {}
+    for compute in ("", "float32"):
+        config.rollout.compute_dtype = compute
+        engine = make_engine(config, params=model.params, model_cfg=learner_cfg, version="v0")
+        assert engine.cfg.compute_dtype == (compute or "bfloat16")
+        outs[compute] = engine.generate([[5, 6, 7, 8]], SamplingParams(max_new_tokens=6, temperature=0.0), [0])[0]
+        engine.close()
+    assert learner_cfg.compute_dtype == "bfloat16"
+    reference = Engine(model.cfg, model.params, slots=2, slot_len=64, max_batch=2)  # a float32 model
+    want = reference.generate([[5, 6, 7, 8]], SamplingParams(max_new_tokens=6, temperature=0.0), [0])[0]
+    reference.close()
+    assert outs["float32"].token_ids == want.token_ids
+    np.testing.assert_allclose(outs["float32"].logprobs, want.logprobs, atol=1e-5)
+    config.rollout.compute_dtype = "float16"
+    with pytest.raises(ConfigError, match="rollout.compute_dtype"):
+        validate(config)

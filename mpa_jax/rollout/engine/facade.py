@@ -174,11 +174,14 @@ class Engine:
     # ---- construction ----------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str, *, dtype: str = "float32", mesh: Any = None, rules: Any = None, **kw: Any) -> "Engine":
-        """Engine over an exported Hugging Face checkpoint directory (weight version: the directory name)."""
+    def from_pretrained(cls, path: str, *, dtype: str = "float32", compute_dtype: str | None = None, mesh: Any = None,
+                        rules: Any = None, **kw: Any) -> "Engine":
+        """Engine over an exported Hugging Face checkpoint directory (weight version: the directory name);
+        `compute_dtype` (default: the checkpoint's config) is the dtype the engine computes in."""
         model = models.from_pretrained(path, dtype=dtype, mesh=mesh, rules=rules)
         kw.setdefault("weight_version", os.path.basename(os.path.normpath(path)))
-        return cls(model.cfg, model.params, mesh=mesh, rules=rules, **kw)
+        cfg = model.cfg if compute_dtype is None else model.cfg.replace(compute_dtype=compute_dtype)
+        return cls(cfg, model.params, mesh=mesh, rules=rules, **kw)
 
     # ---- what callers need to know ---------------------------------------------------------------
 
