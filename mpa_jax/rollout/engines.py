@@ -113,7 +113,7 @@ def make_engine(
     kw = dict(mesh=mesh, rules=rules, max_batch=int(config.rollout.batch_size), replicas=engine_replicas(config, mesh),
               vocab_limit=None if vocab_limit is None else int(vocab_limit), slot_len=int(config.rollout.max_total_tokens),
               prefill_chunk=int(config.rollout.prefill_chunk), prefix_cache=bool(config.rollout.prefix_cache))
-    compute = str(config.rollout.get("compute_dtype", "") or "")  # "": the model's
+    compute = str(config.rollout.compute_dtype)  # "": the model's
     if checkpoint is not None:
         try:
             return Engine.from_pretrained(checkpoint, dtype=str(config.model.param_dtype), compute_dtype=compute or None, **kw)
